@@ -1,0 +1,30 @@
+// What a step or an evaluation reports: AudioCraft's metrics (ce, ppl, ce_q{k}, ppl_q{k}, lr,
+// grad_norm) plus the token counts that make them comparable across batches.
+#pragma once
+
+#include <vector>
+
+#include "etude/core/types.hpp"
+
+namespace etude {
+
+struct eval_stats {
+  double ce = 0.0;                 // mean over codebooks of each codebook's cross-entropy (nats)
+  double ppl = 0.0;                // exp(ce)
+  std::vector<double> ce_q;        // per codebook
+  std::vector<double> ppl_q;       // per codebook
+  std::vector<index_t> tokens_q;   // valid target tokens per codebook
+  index_t tokens = 0;              // valid target tokens, all codebooks
+  index_t frames = 0;              // B·T frames consumed
+};
+
+struct step_stats : eval_stats {
+  long step = 0;           // updates done after this one
+  double lr = 0.0;         // learning rate used by this update
+  double grad_norm = 0.0;  // global gradient norm before clipping
+  double clip_coef = 1.0;  // factor applied to the gradients (1 when not clipped)
+  double scale = 1.0;      // loss scale (fp16 policies); 1 otherwise
+  bool skipped = false;    // update skipped (fp16 overflow); never for fp32
+};
+
+}  // namespace etude
