@@ -32,12 +32,13 @@ class trainer {
   using model = typename Config::model;
   using params = typename model::params;
   using acts = typename model::activations;
-  using net = transformer<model, Backend>;
+  using net = transformer<model, Backend, typename Config::precision::param_t>;
   static constexpr shape S = model::shape;
   static constexpr int K = S.codebooks;
   static constexpr int microbatches = Config::microbatches;
-  static_assert(std::is_same_v<typename Config::precision, precision::fp32>,
-                "this trainer implements the fp32 precision policy; mixed policies need the precision extension");
+  using value_type = typename Config::precision::param_t;
+  static_assert(Config::precision::uniform,
+                "this trainer implements uniform precision policies (fp32, fp64); mixed policies need the precision extension");
 
   explicit trainer(const hyper& h = {}) : hyper_(h) {
     validate(h);
@@ -67,7 +68,7 @@ class trainer {
       if (coef < 1.0) st.clip_coef = coef;
     }
     ++step_;
-    update(st.lr, static_cast<float>(st.clip_coef));
+    update(st.lr, static_cast<value_type>(st.clip_coef));
     Backend::fill_zero(grads_.data(), params::total_floats);
     st.step = step_;
     return st;
@@ -97,7 +98,7 @@ class trainer {
       net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps);
       for (int k = 0; k < K; ++k)
         sums[static_cast<std::size_t>(k)] += net::head(params_.data(), grads_.data(), act_.data(), logits(), nullptr,
-                                                      target_.data() + k * nb * plan.steps, k, nb * plan.steps, 0.0f);
+                                                      target_.data() + k * nb * plan.steps, k, nb * plan.steps, value_type(0));
     }
     eval_stats st;
     fill_stats(st, sums, counts, batch);
@@ -105,17 +106,17 @@ class trainer {
   }
 
   // ---- state access (flat buffers in parameter-table order; see model/params.hpp) ----------------
-  std::span<float> parameters() { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
-  std::span<const float> parameters() const { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
-  std::span<const float> gradients() const { return {grads_.data(), static_cast<std::size_t>(grads_.size())}; }
-  std::span<float> optimizer_state(int i) { return i == 0 ? span_of(state1_) : span_of(state2_); }
-  std::span<float> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
-  std::span<const float> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
+  std::span<value_type> parameters() { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
+  std::span<const value_type> parameters() const { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
+  std::span<const value_type> gradients() const { return {grads_.data(), static_cast<std::size_t>(grads_.size())}; }
+  std::span<value_type> optimizer_state(int i) { return i == 0 ? span_of(state1_) : span_of(state2_); }
+  std::span<value_type> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
+  std::span<const value_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   long steps_done() const { return step_; }
   const hyper& hyperparameters() const { return hyper_; }
 
  private:
-  static std::span<float> span_of(buffer<float>& b) { return {b.data(), static_cast<std::size_t>(b.size())}; }
+  static std::span<value_type> span_of(buffer<value_type>& b) { return {b.data(), static_cast<std::size_t>(b.size())}; }
 
   static void validate(const hyper& h) {
     auto fail = [](const std::string& what) { throw invalid_argument("etude::hyper: " + what); };
@@ -138,15 +139,15 @@ class trainer {
   void initialise(unsigned long long seed) {
     for (std::size_t i = 0; i < params::count; ++i) {
       const param_desc& p = params::entries[i];
-      float* w = params_.data() + p.offset;
+      value_type* w = params_.data() + p.offset;
       rng r(seed, i);
       const double scale = init_scale(p);
       for (index_t j = 0; j < p.numel(); ++j) {
         switch (p.init) {
-          case init_kind::truncated_normal: w[j] = static_cast<float>(r.truncated_normal(scale)); break;
-          case init_kind::uniform: w[j] = static_cast<float>(r.uniform(-scale, scale)); break;
-          case init_kind::ones: w[j] = 1.0f; break;
-          case init_kind::zeros: w[j] = 0.0f; break;
+          case init_kind::truncated_normal: w[j] = static_cast<value_type>(r.truncated_normal(scale)); break;
+          case init_kind::uniform: w[j] = static_cast<value_type>(r.uniform(-scale, scale)); break;
+          case init_kind::ones: w[j] = value_type(1); break;
+          case init_kind::zeros: w[j] = value_type(0); break;
         }
       }
     }
@@ -221,7 +222,7 @@ class trainer {
     return n;
   }
 
-  float* logits() { return scratch_.data() + rows_capacity_ * (5 * S.dim + S.ffn()); }
+  value_type* logits() { return scratch_.data() + rows_capacity_ * (5 * S.dim + S.ffn()); }
 
   // Forward, loss and backward over every microbatch; gradients end up in grads_.
   step_stats accumulate(const batch_view& batch) {
@@ -255,12 +256,12 @@ class trainer {
     for (int m = 0; m < microbatches; ++m) {
       prepare(batch, plan, m * nb, nb);
       net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps);
-      float* dlnf = scratch_.data() + rows_capacity_ * S.dim;  // the `dh` slot of the scratch
+      value_type* dlnf = scratch_.data() + rows_capacity_ * S.dim;  // the `dh` slot of the scratch
       for (int k = 0; k < K; ++k) {
         const auto ku = static_cast<std::size_t>(k);
         const index_t n = Config::norm == loss_norm::tokens ? totals[ku] : counts[static_cast<std::size_t>(m * K) + ku];
         const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
-        const auto weight = static_cast<float>(scale / (static_cast<double>(K) * static_cast<double>(n)));
+        const auto weight = static_cast<value_type>(scale / (static_cast<double>(K) * static_cast<double>(n)));
         const double loss = net::head(params_.data(), grads_.data(), act_.data(), logits(), dlnf,
                                       target_.data() + k * rows, k, rows, weight);
         sums[ku] += loss;
@@ -303,7 +304,7 @@ class trainer {
     st.frames = batch.batch * batch.frames;
   }
 
-  void update(double lr, float grad_scale) {
+  void update(double lr, value_type grad_scale) {
     const auto& h = hyper_;
     using opt = typename Config::optimizer;
     if constexpr (std::is_same_v<opt, optim::adamw>) {
@@ -323,8 +324,8 @@ class trainer {
 
   hyper hyper_;
   long step_ = 0;
-  buffer<float> params_, grads_, state1_, state2_;
-  buffer<float> act_, scratch_, pos_;
+  buffer<value_type> params_, grads_, state1_, state2_;
+  buffer<value_type> act_, scratch_, pos_;
   index_t rows_capacity_ = 0;
   pattern_plan plan_;
   std::vector<token_t> seq_, target_;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 #include <cmath>
 #include <vector>
 
@@ -26,57 +27,67 @@ struct cpu {
 
   // ---- matrix products -----------------------------------------------------------------------
   // Row-major C(m, n) = alpha · op(A)(m, k) · op(B)(k, n) + beta · C.
-  static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const float* a,
-                   index_t lda, const float* b, index_t ldb, float beta, float* c, index_t ldc) {
+  template <class T>
+  static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, T alpha, const T* a,
+                   index_t lda, const T* b, index_t ldb, T beta, T* c, index_t ldc) {
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
       throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
     if (m == 0 || n == 0) return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+    const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+    if constexpr (std::is_same_v<T, double>)
+      cblas_dgemm(CblasRowMajor, ta, tb, im, in, ik, alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                  c, static_cast<int>(ldc));
+    else
+      cblas_sgemm(CblasRowMajor, ta, tb, im, in, ik, alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                  c, static_cast<int>(ldc));
   }
 
   // ---- elementwise ---------------------------------------------------------------------------
-  static void copy(float* dst, const float* src, index_t n) {
+  template <class T>
+  static void copy(T* dst, const T* src, index_t n) {
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) dst[i] = src[i];
   }
-  static void fill_zero(float* dst, index_t n) {
+  template <class T>
+  static void fill_zero(T* dst, index_t n) {
 #pragma omp parallel for simd schedule(static)
-    for (index_t i = 0; i < n; ++i) dst[i] = 0.0f;
+    for (index_t i = 0; i < n; ++i) dst[i] = T(0.0);
   }
 
   // ---- embeddings ----------------------------------------------------------------------------
   // Sinusoidal positions (s, d): cos of the first half, sin of the second, periods
-  // 10000^(j / (half - 1)), computed in float the way AudioCraft does.
-  static void sinusoid(float* out, index_t steps, index_t dim) {
+  // 10000^(j / (half - 1)), computed in T the way AudioCraft does.
+  template <class T>
+  static void sinusoid(T* out, index_t steps, index_t dim) {
     const index_t half = dim / 2;
 #pragma omp parallel for schedule(static)
     for (index_t s = 0; s < steps; ++s)
       for (index_t j = 0; j < half; ++j) {
-        const float e = static_cast<float>(j) / static_cast<float>(half - 1);
-        const float phase = static_cast<float>(s) / std::pow(10000.0f, e);
+        const T e = static_cast<T>(j) / static_cast<T>(half - 1);
+        const T phase = static_cast<T>(s) / std::pow(T(10000), e);
         out[s * dim + j] = std::cos(phase);
         out[s * dim + half + j] = std::sin(phase);
       }
   }
 
   // x(b, s, :) = sum_k table_k(seq(b, k, s), :) + pos(s, :), summed in codebook order.
-  static void embedding_fwd(float* x, const token_t* seq, const float* const* tables, const float* pos,
+  template <class T>
+  static void embedding_fwd(T* x, const token_t* seq, const T* const* tables, const T* pos,
                             index_t batch, int codebooks, index_t steps, index_t dim) {
 #pragma omp parallel for schedule(static)
     for (index_t r = 0; r < batch * steps; ++r) {
       const index_t b = r / steps, s = r % steps;
-      float* out = x + r * dim;
-      const float* e0 = tables[0] + static_cast<index_t>(seq[(b * codebooks) * steps + s]) * dim;
+      T* out = x + r * dim;
+      const T* e0 = tables[0] + static_cast<index_t>(seq[(b * codebooks) * steps + s]) * dim;
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j) out[j] = e0[j];
       for (int k = 1; k < codebooks; ++k) {
-        const float* ek = tables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim;
+        const T* ek = tables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim;
 #pragma omp simd
         for (index_t j = 0; j < dim; ++j) out[j] += ek[j];
       }
-      const float* p = pos + s * dim;
+      const T* p = pos + s * dim;
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j) out[j] += p[j];
     }
@@ -84,7 +95,8 @@ struct cpu {
 
   // dtable_k(seq(b, k, s), :) += dx(b, s, :). Each thread owns a slice of columns and walks the
   // positions in order, so the sum order never depends on the thread count.
-  static void embedding_bwd(float* const* dtables, const float* dx, const token_t* seq, index_t batch,
+  template <class T>
+  static void embedding_bwd(T* const* dtables, const T* dx, const token_t* seq, index_t batch,
                             int codebooks, index_t steps, index_t dim) {
     constexpr index_t chunk = 16;
     const index_t chunks = (dim + chunk - 1) / chunk;
@@ -94,21 +106,22 @@ struct cpu {
         const index_t j0 = c * chunk, j1 = std::min(dim, j0 + chunk);
         for (index_t r = 0; r < batch * steps; ++r) {
           const index_t b = r / steps, s = r % steps;
-          float* row = dtables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim;
-          const float* g = dx + r * dim;
+          T* row = dtables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim;
+          const T* g = dx + r * dim;
           for (index_t j = j0; j < j1; ++j) row[j] += g[j];
         }
       }
   }
 
   // ---- LayerNorm (eps 1e-5, biased variance, statistics in double) -------------------------------
-  static constexpr float layernorm_eps = 1e-5f;
+  static constexpr double layernorm_eps = 1e-5;
 
-  static void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const float* gamma,
-                            const float* beta, index_t rows, index_t dim) {
+  template <class T>
+  static void layernorm_fwd(T* y, T* mean, T* rstd, const T* x, const T* gamma,
+                            const T* beta, index_t rows, index_t dim) {
 #pragma omp parallel for schedule(static)
     for (index_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * dim;
+      const T* xr = x + r * dim;
       double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
       for (index_t j = 0; j < dim; ++j) sum += xr[j];
@@ -116,37 +129,38 @@ struct cpu {
       double sq = 0.0;
 #pragma omp simd reduction(+ : sq)
       for (index_t j = 0; j < dim; ++j) sq += (xr[j] - mu) * (xr[j] - mu);
-      const auto m = static_cast<float>(mu);
-      const auto rs = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(dim) + layernorm_eps));
+      const auto m = static_cast<T>(mu);
+      const auto rs = static_cast<T>(1.0 / std::sqrt(sq / static_cast<double>(dim) + layernorm_eps));
       mean[r] = m;
       rstd[r] = rs;
-      float* yr = y + r * dim;
+      T* yr = y + r * dim;
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * gamma[j] + beta[j];
     }
   }
 
   // dx += LayerNorm'(dy); dgamma += sum_rows dy·x̂; dbeta += sum_rows dy.
-  static void layernorm_bwd(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x,
-                            const float* mean, const float* rstd, const float* gamma, index_t rows, index_t dim) {
+  template <class T>
+  static void layernorm_bwd(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x,
+                            const T* mean, const T* rstd, const T* gamma, index_t rows, index_t dim) {
 #pragma omp parallel for schedule(static)
     for (index_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * dim;
-      const float* gr = dy + r * dim;
-      const float m = mean[r], rs = rstd[r];
+      const T* xr = x + r * dim;
+      const T* gr = dy + r * dim;
+      const T m = mean[r], rs = rstd[r];
       double s1 = 0.0, s2 = 0.0;
 #pragma omp simd reduction(+ : s1, s2)
       for (index_t j = 0; j < dim; ++j) {
-        const float g = gr[j] * gamma[j];
+        const T g = gr[j] * gamma[j];
         s1 += g;
         s2 += g * ((xr[j] - m) * rs);
       }
-      const auto a = static_cast<float>(s1 / static_cast<double>(dim));
-      const auto c = static_cast<float>(s2 / static_cast<double>(dim));
-      float* dr = dx + r * dim;
+      const auto a = static_cast<T>(s1 / static_cast<double>(dim));
+      const auto c = static_cast<T>(s2 / static_cast<double>(dim));
+      T* dr = dx + r * dim;
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j) {
-        const float xhat = (xr[j] - m) * rs;
+        const T xhat = (xr[j] - m) * rs;
         dr[j] += rs * (gr[j] * gamma[j] - a - xhat * c);
       }
     }
@@ -156,89 +170,93 @@ struct cpu {
   // ---- attention -----------------------------------------------------------------------------
   // Causal multi-head self-attention over packed qkv (B·S, 3D) → att (B·S, D) and the
   // log-sum-exp of each score row, lse (B·S, H). Scores are 1/sqrt(hd)·q·k.
-  static void attention_fwd(float* att, float* lse, const float* qkv, index_t batch, index_t steps, int heads,
+  template <class T>
+  static void attention_fwd(T* att, T* lse, const T* qkv, index_t batch, index_t steps, int heads,
                             index_t head_dim) {
     const index_t d = heads * head_dim, ld = 3 * d;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    std::vector<float> scratch(static_cast<std::size_t>(threads() * steps * steps));
+    const T scale = T(1.0) / std::sqrt(static_cast<T>(head_dim));
+    std::vector<T> scratch(static_cast<std::size_t>(threads() * steps * steps));
 #pragma omp parallel for schedule(static)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      float* p = scratch.data() + omp_get_thread_num() * steps * steps;
-      const float* q = qkv + b * steps * ld + h * head_dim;
-      gemm(false, true, steps, steps, head_dim, scale, q, ld, q + d, ld, 0.0f, p, steps);
+      T* p = scratch.data() + omp_get_thread_num() * steps * steps;
+      const T* q = qkv + b * steps * ld + h * head_dim;
+      gemm(false, true, steps, steps, head_dim, scale, q, ld, q + d, ld, T(0.0), p, steps);
       for (index_t i = 0; i < steps; ++i) {
-        float* row = p + i * steps;
-        float mx = row[0];
+        T* row = p + i * steps;
+        T mx = row[0];
         for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
+        T sum = T(0.0);
 #pragma omp simd reduction(+ : sum)
         for (index_t j = 0; j <= i; ++j) {
-          row[j] = cpu_detail::exp_cody_waite(row[j] - mx);
+          row[j] = cpu_detail::vexp(row[j] - mx);
           sum += row[j];
         }
-        const float inv = 1.0f / sum;
+        const T inv = T(1.0) / sum;
 #pragma omp simd
         for (index_t j = 0; j <= i; ++j) row[j] *= inv;
-        for (index_t j = i + 1; j < steps; ++j) row[j] = 0.0f;
+        for (index_t j = i + 1; j < steps; ++j) row[j] = T(0.0);
         lse[(b * steps + i) * heads + h] = mx + std::log(sum);
       }
-      gemm(false, false, steps, head_dim, steps, 1.0f, p, steps, q + 2 * d, ld, 0.0f,
+      gemm(false, false, steps, head_dim, steps, T(1.0), p, steps, q + 2 * d, ld, T(0.0),
            att + b * steps * d + h * head_dim, d);
     }
   }
 
   // dqkv (B·S, 3D) = attention'(datt), recomputing the probabilities from q, k and lse.
-  static void attention_bwd(float* dqkv, const float* datt, const float* qkv, const float* lse, index_t batch,
+  template <class T>
+  static void attention_bwd(T* dqkv, const T* datt, const T* qkv, const T* lse, index_t batch,
                             index_t steps, int heads, index_t head_dim) {
     const index_t d = heads * head_dim, ld = 3 * d;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    std::vector<float> scratch(static_cast<std::size_t>(2 * threads() * steps * steps));
+    const T scale = T(1.0) / std::sqrt(static_cast<T>(head_dim));
+    std::vector<T> scratch(static_cast<std::size_t>(2 * threads() * steps * steps));
 #pragma omp parallel for schedule(static)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      float* p = scratch.data() + 2 * omp_get_thread_num() * steps * steps;
-      float* dp = p + steps * steps;
-      const float* q = qkv + b * steps * ld + h * head_dim;
-      const float* k = q + d;
-      const float* v = q + 2 * d;
-      const float* dout = datt + b * steps * d + h * head_dim;
-      float* dq = dqkv + b * steps * ld + h * head_dim;
-      float* dk = dq + d;
-      float* dv = dq + 2 * d;
-      gemm(false, true, steps, steps, head_dim, scale, q, ld, k, ld, 0.0f, p, steps);
-      gemm(false, true, steps, steps, head_dim, 1.0f, dout, d, v, ld, 0.0f, dp, steps);
+      T* p = scratch.data() + 2 * omp_get_thread_num() * steps * steps;
+      T* dp = p + steps * steps;
+      const T* q = qkv + b * steps * ld + h * head_dim;
+      const T* k = q + d;
+      const T* v = q + 2 * d;
+      const T* dout = datt + b * steps * d + h * head_dim;
+      T* dq = dqkv + b * steps * ld + h * head_dim;
+      T* dk = dq + d;
+      T* dv = dq + 2 * d;
+      gemm(false, true, steps, steps, head_dim, scale, q, ld, k, ld, T(0.0), p, steps);
+      gemm(false, true, steps, steps, head_dim, T(1.0), dout, d, v, ld, T(0.0), dp, steps);
       for (index_t i = 0; i < steps; ++i) {
-        float* pr = p + i * steps;
-        float* dr = dp + i * steps;
-        const float l = lse[(b * steps + i) * heads + h];
+        T* pr = p + i * steps;
+        T* dr = dp + i * steps;
+        const T l = lse[(b * steps + i) * heads + h];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::exp_cody_waite(pr[j] - l);
-        float dot = 0.0f;
+        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+        T dot = T(0.0);
 #pragma omp simd reduction(+ : dot)
         for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
         for (index_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        for (index_t j = i + 1; j < steps; ++j) pr[j] = dr[j] = 0.0f;
+        for (index_t j = i + 1; j < steps; ++j) pr[j] = dr[j] = T(0.0);
       }
-      gemm(true, false, steps, head_dim, steps, 1.0f, p, steps, dout, d, 0.0f, dv, ld);
-      gemm(false, false, steps, head_dim, steps, scale, dp, steps, k, ld, 0.0f, dq, ld);
-      gemm(true, false, steps, head_dim, steps, scale, dp, steps, q, ld, 0.0f, dk, ld);
+      gemm(true, false, steps, head_dim, steps, T(1.0), p, steps, dout, d, T(0.0), dv, ld);
+      gemm(false, false, steps, head_dim, steps, scale, dp, steps, k, ld, T(0.0), dq, ld);
+      gemm(true, false, steps, head_dim, steps, scale, dp, steps, q, ld, T(0.0), dk, ld);
     }
   }
 
   // ---- GELU (exact erf) --------------------------------------------------------------------------
-  static void gelu_fwd(float* y, const float* x, index_t n) {
+  template <class T>
+  static void gelu_fwd(T* y, const T* x, index_t n) {
 #pragma omp parallel for simd schedule(static)
-    for (index_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678118654752f));
+    for (index_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1.0) + std::erf(x[i] * T(0.70710678118654752440)));
   }
   // dx = dy · gelu'(x), in place over dy.
-  static void gelu_bwd(float* dy, const float* x, index_t n) {
-    constexpr float inv_sqrt_2pi = 0.39894228040143268f;
+  template <class T>
+  static void gelu_bwd(T* dy, const T* x, index_t n) {
+    constexpr T inv_sqrt_2pi = T(0.398942280401432677940);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const float cdf = 0.5f * (1.0f + std::erf(x[i] * 0.70710678118654752f));
-      const float pdf = inv_sqrt_2pi * cpu_detail::exp_cody_waite(-0.5f * x[i] * x[i]);
+      const T cdf = T(0.5) * (T(1.0) + std::erf(x[i] * T(0.70710678118654752440)));
+      const T pdf = inv_sqrt_2pi * cpu_detail::vexp(-T(0.5) * x[i] * x[i]);
       dy[i] *= cdf + x[i] * pdf;
     }
   }
@@ -247,29 +265,30 @@ struct cpu {
   // For each row of logits (rows, card) with target[row] >= 0: adds the row's cross-entropy to
   // the returned sum and overwrites the row with weight · (softmax − one-hot); rows with target
   // −1 become zero. With weight 0 only the loss is computed and the logits are left alone.
-  static double softmax_xent(float* logits, const token_t* target, index_t rows, index_t card, float weight) {
+  template <class T>
+  static double softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, T weight) {
     double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (index_t r = 0; r < rows; ++r) {
-      float* row = logits + r * card;
+      T* row = logits + r * card;
       const token_t t = target[r];
       if (t < 0) {
-        if (weight != 0.0f)
+        if (weight != T(0.0))
 #pragma omp simd
-          for (index_t j = 0; j < card; ++j) row[j] = 0.0f;
+          for (index_t j = 0; j < card; ++j) row[j] = T(0.0);
         continue;
       }
-      float mx = row[0];
+      T mx = row[0];
 #pragma omp simd reduction(max : mx)
       for (index_t j = 0; j < card; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.0f;
+      T sum = T(0.0);
 #pragma omp simd reduction(+ : sum)
-      for (index_t j = 0; j < card; ++j) sum += cpu_detail::exp_cody_waite(row[j] - mx);
-      const float lse = mx + std::log(sum);
+      for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(row[j] - mx);
+      const T lse = mx + std::log(sum);
       total += static_cast<double>(lse) - static_cast<double>(row[t]);
-      if (weight != 0.0f) {
+      if (weight != T(0.0)) {
 #pragma omp simd
-        for (index_t j = 0; j < card; ++j) row[j] = weight * cpu_detail::exp_cody_waite(row[j] - lse);
+        for (index_t j = 0; j < card; ++j) row[j] = weight * cpu_detail::vexp(row[j] - lse);
         row[t] -= weight;
       }
     }
@@ -278,7 +297,8 @@ struct cpu {
 
   // ---- optimiser and norms -----------------------------------------------------------------------
   // Sum of squares in double over fixed 4096-element blocks, added in block order.
-  static double sum_squares(const float* x, index_t n) {
+  template <class T>
+  static double sum_squares(const T* x, index_t n) {
     constexpr index_t block = 4096;
     const index_t blocks = (n + block - 1) / block;
     std::vector<double> partial(static_cast<std::size_t>(blocks));
@@ -296,7 +316,8 @@ struct cpu {
   }
 
   // Any NaN or infinity in x?
-  static bool all_finite(const float* x, index_t n) {
+  template <class T>
+  static bool all_finite(const T* x, index_t n) {
     int bad = 0;
 #pragma omp parallel for simd schedule(static) reduction(| : bad)
     for (index_t i = 0; i < n; ++i) bad |= !std::isfinite(x[i]);
@@ -306,17 +327,18 @@ struct cpu {
   // AdamW (PyTorch's formulation) on g = grad·grad_scale at update number `step` (from 1):
   // p ← p(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2 v + (1−β2) g²;
   // p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps). Scalars are formed in double.
-  static void adamw_update(float* p, const float* grad, float* m, float* v, index_t n, double lr, double beta1,
-                           double beta2, double eps, double weight_decay, long step, float grad_scale) {
+  template <class T>
+  static void adamw_update(T* p, const T* grad, T* m, T* v, index_t n, double lr, double beta1,
+                           double beta2, double eps, double weight_decay, long step, T grad_scale) {
     const double t = static_cast<double>(step);
-    const auto step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
-    const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
-    const auto decay = static_cast<float>(1.0 - lr * weight_decay);
-    const auto w1 = static_cast<float>(1.0 - beta1), b2 = static_cast<float>(beta2),
-               w2 = static_cast<float>(1.0 - beta2), e = static_cast<float>(eps);
+    const auto step_size = static_cast<T>(lr / (1.0 - std::pow(beta1, t)));
+    const auto bc2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(beta2, t)));
+    const auto decay = static_cast<T>(1.0 - lr * weight_decay);
+    const auto w1 = static_cast<T>(1.0 - beta1), b2 = static_cast<T>(beta2),
+               w2 = static_cast<T>(1.0 - beta2), e = static_cast<T>(eps);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const float g = grad[i] * grad_scale;
+      const T g = grad[i] * grad_scale;
       p[i] *= decay;
       m[i] += w1 * (g - m[i]);
       v[i] = v[i] * b2 + w2 * g * g;
@@ -326,12 +348,13 @@ struct cpu {
 
   // SGD with momentum (PyTorch's): g ← g·grad_scale + wd·p; buf ← μ buf + g (buf ← g on the
   // first update); p ← p − lr·(nesterov ? g + μ buf : buf).
-  static void sgd_update(float* p, const float* grad, float* buf, index_t n, double lr, double momentum,
-                         double weight_decay, bool nesterov, bool first_step, float grad_scale) {
-    const auto l = static_cast<float>(lr), mu = static_cast<float>(momentum), wd = static_cast<float>(weight_decay);
+  template <class T>
+  static void sgd_update(T* p, const T* grad, T* buf, index_t n, double lr, double momentum,
+                         double weight_decay, bool nesterov, bool first_step, T grad_scale) {
+    const auto l = static_cast<T>(lr), mu = static_cast<T>(momentum), wd = static_cast<T>(weight_decay);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const float g = grad[i] * grad_scale + wd * p[i];
+      const T g = grad[i] * grad_scale + wd * p[i];
       buf[i] = first_step ? g : mu * buf[i] + g;
       p[i] -= l * (nesterov ? g + mu * buf[i] : buf[i]);
     }
@@ -339,17 +362,18 @@ struct cpu {
 
  private:
   // dgamma += Σ_r dy·x̂, dbeta += Σ_r dy, each column owned by one thread, rows in order.
-  static void column_sums(float* dgamma, float* dbeta, const float* dy, const float* x, const float* mean,
-                          const float* rstd, index_t rows, index_t dim) {
+  template <class T>
+  static void column_sums(T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean,
+                          const T* rstd, index_t rows, index_t dim) {
     constexpr index_t chunk = 16;
     const index_t chunks = (dim + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static)
     for (index_t c = 0; c < chunks; ++c) {
       const index_t j0 = c * chunk, j1 = std::min(dim, j0 + chunk);
-      float g[chunk] = {}, bsum[chunk] = {};
+      T g[chunk] = {}, bsum[chunk] = {};
       for (index_t r = 0; r < rows; ++r) {
-        const float* xr = x + r * dim;
-        const float* gr = dy + r * dim;
+        const T* xr = x + r * dim;
+        const T* gr = dy + r * dim;
         for (index_t j = j0; j < j1; ++j) {
           g[j - j0] += gr[j] * ((xr[j] - mean[r]) * rstd[r]);
           bsum[j - j0] += gr[j];

@@ -35,4 +35,10 @@ inline float exp_cody_waite(float x) {
   return x < -87.3f ? 0.0f : (x > 88.72f ? INFINITY : result);
 }
 
+// The backend's exponential: the vectorisable float kernel above, libm in double (the double
+// instantiation is the gradient-check oracle, where speed does not matter).
+#pragma omp declare simd notinbranch
+inline float vexp(float x) { return exp_cody_waite(x); }
+inline double vexp(double x) { return std::exp(x); }
+
 }  // namespace etude::backend::cpu_detail
