@@ -1,0 +1,21 @@
+# Compiles SOURCE and passes only if compilation fails with the message given on the source's
+# `// expect: ...` line. Run as: cmake -DCXX=... -DSOURCE=... -DINCLUDE=... -P check.cmake
+file(STRINGS ${SOURCE} _expect REGEX "^// expect: ")
+if(NOT _expect)
+  message(FATAL_ERROR "${SOURCE}: no '// expect: <message>' line")
+endif()
+string(REGEX REPLACE "^// expect: " "" _expect "${_expect}")
+set(_includes -I${INCLUDE})
+if(CBLAS_INCLUDE)
+  list(APPEND _includes -I${CBLAS_INCLUDE})
+endif()
+execute_process(COMMAND ${CXX} -std=c++20 -fopenmp -fsyntax-only ${_includes} ${SOURCE}
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+if(_rc EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled, but it must fail with: ${_expect}")
+endif()
+string(FIND "${_err}" "${_expect}" _at)
+if(_at EQUAL -1)
+  message(FATAL_ERROR "${SOURCE} failed without the expected message '${_expect}'. Compiler said:\n${_err}")
+endif()
+message(STATUS "failed as expected: ${_expect}")

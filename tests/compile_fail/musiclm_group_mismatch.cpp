@@ -1,0 +1,5 @@
+// expect: the codebook pattern does not fit shape.codebooks
+#include <etude/etude.hpp>
+using lm = etude::model<etude::shape{.codebooks = 3, .card = 64, .dim = 64, .heads = 4, .layers = 2},
+                        etude::pattern::musiclm<2>>;
+static_assert(lm::shape.codebooks == 3);
