@@ -33,13 +33,13 @@ class rng {
   double uniform() noexcept { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
   double uniform(double lo, double hi) noexcept { return lo + (hi - lo) * uniform(); }
 
-  // Uniform integer in [0, n), unbiased (Lemire's multiply-shift with rejection).
+  // Uniform integer in [0, n), unbiased: draws below 2^64 mod n are rejected.
   std::uint64_t below(std::uint64_t n) noexcept {
     if (n == 0) return 0;
+    const std::uint64_t threshold = (0 - n) % n;
     for (;;) {
-      const unsigned __int128 m = static_cast<unsigned __int128>(next_u64()) * n;
-      const auto low = static_cast<std::uint64_t>(m);
-      if (low >= n || low >= (0 - n) % n) return static_cast<std::uint64_t>(m >> 64);
+      const std::uint64_t r = next_u64();
+      if (r >= threshold) return r % n;
     }
   }
 

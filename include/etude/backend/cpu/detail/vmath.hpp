@@ -11,14 +11,15 @@
 namespace etude::backend::cpu_detail {
 
 // e^x by Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and a degree-7 Taylor polynomial
-// (truncation error r^8/8! < 5.2e-9, below half an ulp). Returns 0 below -87.3 (where the
-// result would be subnormal) and +inf above 88.72.
+// (truncation error r^8/8! < 5.2e-9, below half an ulp). 2^n is applied as two factors so that
+// results near overflow and in the subnormal range stay right. 0 below -103.9 (under the least
+// subnormal), +inf above 88.72.
 #pragma omp declare simd notinbranch
 inline float exp_cody_waite(float x) {
   constexpr float log2e = 1.44269504088896341f;
   constexpr float ln2_hi = 0.693145751953125f;     // exactly representable: n * ln2_hi is exact
   constexpr float ln2_lo = 1.428606765330187e-06f;  // ln2 - ln2_hi
-  const float xc = std::fmin(std::fmax(x, -87.3f), 88.72f);
+  const float xc = std::fmin(std::fmax(x, -103.9f), 88.72f);
   const float n = std::floor(xc * log2e + 0.5f);
   const float r = (xc - n * ln2_hi) - n * ln2_lo;
   float p = 1.0f / 5040.0f;
@@ -29,10 +30,12 @@ inline float exp_cody_waite(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  // 2^n as 2^(n-1) * 2 so that n = 128 (x just below 88.72) does not overflow the exponent field
-  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 126) << 23;
-  const float result = p * std::bit_cast<float>(bits) * 2.0f;
-  return x < -87.3f ? 0.0f : (x > 88.72f ? INFINITY : result);
+  const auto ni = static_cast<std::int32_t>(n);
+  const std::int32_t half = ni >> 1;  // n = half + (n - half), both within [-75, 64]
+  const float s1 = std::bit_cast<float>(static_cast<std::uint32_t>(half + 127) << 23);
+  const float s2 = std::bit_cast<float>(static_cast<std::uint32_t>(ni - half + 127) << 23);
+  const float result = p * s1 * s2;
+  return x < -103.9f ? 0.0f : (x > 88.72f ? INFINITY : result);
 }
 
 // The backend's exponential: the vectorisable float kernel above, libm in double (the double

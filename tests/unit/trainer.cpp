@@ -1,0 +1,292 @@
+// The training step's contract: schedules, clipping, optimisers, validation that changes nothing,
+// determinism, initialisation, and bad input refused with a clear error and no state changed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include <etude/etude.hpp>
+
+namespace pat = etude::pattern;
+using etude::index_t;
+
+namespace {
+
+constexpr etude::shape small_shape{.codebooks = 4, .card = 16, .dim = 16, .heads = 2, .layers = 2, .max_len = 64};
+using lm = etude::model<small_shape, pat::delay<0, 1, 2, 3>>;
+
+etude::token_batch random_batch(index_t batch, index_t frames, std::uint64_t seed) {
+  etude::token_batch b(batch, small_shape.codebooks, frames);
+  etude::rng r(seed);
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(small_shape.card));
+  return b;
+}
+
+// Everything a step may change, copied for bitwise comparison.
+template <class Trainer>
+struct snapshot {
+  std::vector<float> params, grads, m, v;
+  long steps;
+  explicit snapshot(Trainer& t)
+      : params(t.parameters().begin(), t.parameters().end()),
+        grads(t.gradients().begin(), t.gradients().end()),
+        m(t.optimizer_state(0).begin(), t.optimizer_state(0).end()),
+        v(t.optimizer_state(1).begin(), t.optimizer_state(1).end()),
+        steps(t.steps_done()) {}
+  bool operator==(const snapshot& o) const {
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    return same(params, o.params) && same(grads, o.grads) && same(m, o.m) && same(v, o.v) && steps == o.steps;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("schedules are evaluated before the update, with linear warmup", "[schedule]") {
+  etude::hyper h;
+  h.lr = 1.0;
+  h.warmup_steps = 4;
+  h.total_steps = 14;
+  h.min_lr_ratio = 0.1;
+  using namespace etude::schedule;
+  CHECK(etude::learning_rate<cosine>(h, 0) == 0.0);
+  CHECK(etude::learning_rate<cosine>(h, 2) == Approx(0.5));
+  CHECK(etude::learning_rate<cosine>(h, 4) == Approx(1.0));
+  CHECK(etude::learning_rate<cosine>(h, 9) == Approx(0.1 + 0.45 * (1 + std::cos(std::numbers::pi * 0.5))));
+  CHECK(etude::learning_rate<cosine>(h, 14) == Approx(0.1));
+  CHECK(etude::learning_rate<cosine>(h, 100) == Approx(0.1));
+  CHECK(etude::learning_rate<linear>(h, 9) == Approx(1.0 - 0.9 * 0.5));
+  CHECK(etude::learning_rate<constant>(h, 3) == Approx(0.75));
+  CHECK(etude::learning_rate<constant>(h, 1000) == 1.0);
+  CHECK(etude::learning_rate<inverse_sqrt>(h, 16) == Approx(0.5));
+  h.warmup_steps = 0;
+  CHECK(etude::learning_rate<inverse_sqrt>(h, 0) == 1.0);
+  CHECK(etude::learning_rate<inverse_sqrt>(h, 4) == Approx(0.5));
+}
+
+TEST_CASE("with warmup the first update has lr 0 and changes no parameter", "[step]") {
+  etude::hyper h;
+  h.warmup_steps = 3;
+  h.total_steps = 10;
+  etude::trainer<etude::train_config<lm>> tr{h};
+  const std::vector<float> before(tr.parameters().begin(), tr.parameters().end());
+  const auto st = tr.step(random_batch(2, 8, 1));
+  CHECK(st.lr == 0.0);
+  CHECK(st.step == 1);
+  CHECK(std::memcmp(before.data(), tr.parameters().data(), before.size() * sizeof(float)) == 0);
+  // ...but the moments were updated, and the second update moves the weights
+  CHECK(etude::backend::cpu::sum_squares(tr.optimizer_state(0).data(), index_t(tr.optimizer_state(0).size())) > 0);
+  const auto st2 = tr.step(random_batch(2, 8, 2));
+  CHECK(st2.lr == Approx(h.lr / 3));
+  CHECK(std::memcmp(before.data(), tr.parameters().data(), before.size() * sizeof(float)) != 0);
+}
+
+TEST_CASE("AdamW's first update follows PyTorch's formula, with decay on every parameter", "[step][optim]") {
+  using cfg = etude::train_config<lm, etude::precision::fp64, etude::schedule::constant>;
+  etude::hyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  h.clip_norm = 0.0;
+  etude::trainer<cfg> probe{h}, tr{h};
+  const auto data = random_batch(2, 8, 3);
+  probe.loss_and_gradients(data);
+  const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
+  tr.step(data);
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    const double g = probe.gradients()[i];
+    const double m = (1 - h.beta1) * g, v = (1 - h.beta2) * g * g;
+    const double expected =
+        p0[i] * (1 - h.lr * h.weight_decay) - h.lr / (1 - h.beta1) * m / (std::sqrt(v) / std::sqrt(1 - h.beta2) + h.eps);
+    REQUIRE(tr.parameters()[i] == Approx(expected).epsilon(1e-12).margin(1e-15));
+  }
+}
+
+TEST_CASE("global-norm clipping scales gradients by max_norm / (norm + 1e-6) only below 1", "[step][clip]") {
+  using cfg = etude::train_config<lm, etude::precision::fp64, etude::optim::sgd<>, etude::schedule::constant>;
+  etude::hyper h;
+  h.lr = 0.1;
+  h.weight_decay = 0.0;
+  const auto data = random_batch(2, 8, 4);
+  etude::trainer<cfg> probe{h};
+  const double norm = probe.loss_and_gradients(data).grad_norm;
+  REQUIRE(norm > 0.05);
+  for (double clip : {0.05, 1e6}) {
+    h.clip_norm = clip;
+    etude::trainer<cfg> tr{h};
+    const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
+    const auto st = tr.step(data);
+    CHECK(st.grad_norm == Approx(norm).epsilon(1e-12));
+    const double coef = clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1.0;
+    CHECK(st.clip_coef == Approx(coef).epsilon(1e-12));
+    // SGD's first step: p ← p − lr·coef·g
+    for (std::size_t i = 0; i < p0.size(); ++i)
+      REQUIRE(tr.parameters()[i] == Approx(p0[i] - h.lr * coef * probe.gradients()[i]).epsilon(1e-12).margin(1e-15));
+  }
+}
+
+TEST_CASE("SGD with momentum and Nesterov follows PyTorch's recurrence", "[step][optim]") {
+  using cfg = etude::train_config<lm, etude::precision::fp64, etude::optim::sgd<true>, etude::schedule::constant>;
+  etude::hyper h;
+  h.lr = 0.05;
+  h.weight_decay = 0.01;
+  h.momentum = 0.8;
+  h.clip_norm = 0.0;
+  etude::trainer<cfg> tr{h}, probe{h};
+  std::vector<double> buf(tr.parameters().size(), 0.0);
+  for (int s = 0; s < 2; ++s) {
+    const auto data = random_batch(2, 8, 10 + static_cast<std::uint64_t>(s));
+    std::copy(tr.parameters().begin(), tr.parameters().end(), probe.parameters().begin());
+    probe.loss_and_gradients(data);
+    std::vector<double> expected(tr.parameters().begin(), tr.parameters().end());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      const double g = probe.gradients()[i] + h.weight_decay * expected[i];
+      buf[i] = s == 0 ? g : h.momentum * buf[i] + g;
+      expected[i] -= h.lr * (g + h.momentum * buf[i]);
+    }
+    tr.step(data);
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      REQUIRE(tr.parameters()[i] == Approx(expected[i]).epsilon(1e-12).margin(1e-15));
+  }
+}
+
+TEST_CASE("validation touches no parameter, gradient or optimiser state", "[step][eval]") {
+  etude::hyper h;
+  h.lr = 1e-3;
+  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
+  tr.step(random_batch(4, 8, 5));
+  tr.step(random_batch(4, 8, 6));
+  const snapshot before(tr);
+  const auto ev = tr.evaluate(random_batch(3, 12, 7));
+  CHECK(std::isfinite(ev.ce));
+  CHECK(ev.ppl == Approx(std::exp(ev.ce)));
+  CHECK(ev.tokens == 3 * (4 * 12 - 6));  // delay [0,1,2,3]: codebook k trains on T - k frames
+  CHECK(snapshot(tr) == before);
+}
+
+TEST_CASE("evaluation equals the loss of the training objective on the same batch", "[step][eval]") {
+  etude::trainer<etude::train_config<lm>> tr;
+  const auto data = random_batch(2, 9, 8);
+  const double ce = tr.evaluate(data).ce;
+  CHECK(tr.loss_and_gradients(data).ce == Approx(ce).epsilon(1e-12));
+}
+
+TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism]") {
+  etude::hyper h;
+  h.lr = 3e-3;
+  h.warmup_steps = 1;
+  h.total_steps = 10;
+  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> a{h}, b{h};
+  for (int s = 0; s < 3; ++s) {
+    const auto data = random_batch(4, 10, 30 + static_cast<std::uint64_t>(s));
+    const auto sa = a.step(data), sb = b.step(data);
+    CHECK(sa.ce == sb.ce);
+    CHECK(sa.grad_norm == sb.grad_norm);
+  }
+  CHECK(snapshot(a) == snapshot(b));
+  h.seed = 43;
+  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> c{h};
+  CHECK(std::memcmp(c.parameters().data(), etude::trainer<etude::train_config<lm, etude::accumulate<2>>>{}.parameters().data(),
+                    c.parameters().size() * sizeof(float)) != 0);
+}
+
+TEST_CASE("initialisation follows AudioCraft", "[init]") {
+  constexpr etude::shape s{.codebooks = 2, .card = 512, .dim = 64, .heads = 4, .layers = 3, .max_len = 64};
+  using big = etude::model<s, pat::parallel>;
+  etude::trainer<etude::train_config<big>> tr;
+  auto stats = [&](const etude::param_desc& p) {
+    double sum = 0, sq = 0, peak = 0;
+    for (float x : tr.tensor(p)) {
+      sum += x;
+      sq += double(x) * x;
+      peak = std::max(peak, std::abs(double(x)));
+    }
+    const double n = double(p.numel());
+    return std::array<double, 2>{std::sqrt(sq / n - (sum / n) * (sum / n)), peak};
+  };
+  using etude::param_kind;
+  const double d = 64;
+  const auto emb = stats(big::params::at(param_kind::embedding, -1, 0));
+  // a normal truncated at ±3σ has std 0.9866σ
+  CHECK(emb[0] == Approx(0.9866 / std::sqrt(d)).epsilon(0.03));
+  CHECK(emb[1] <= 3 / std::sqrt(d));
+  const auto head = stats(big::params::at(param_kind::head, -1, 1));
+  CHECK(head[0] == Approx(0.9866 / std::sqrt(d)).epsilon(0.03));
+  for (int l = 0; l < 3; ++l) {
+    const auto up = stats(big::params::at(param_kind::ffn_up, l));
+    CHECK(up[0] == Approx(0.9866 / std::sqrt(d) / std::sqrt(2.0 * (l + 1))).epsilon(0.03));
+    const auto down = stats(big::params::at(param_kind::ffn_down, l));
+    CHECK(down[0] == Approx(0.9866 / std::sqrt(4 * d) / std::sqrt(2.0 * (l + 1))).epsilon(0.03));
+    const auto qkv = stats(big::params::at(param_kind::qkv, l));
+    CHECK(qkv[0] == Approx(1 / std::sqrt(3 * d)).epsilon(0.03));  // U(±1/sqrt(d)) has std 1/sqrt(3d)
+    CHECK(qkv[1] <= 1 / std::sqrt(d));
+    for (float x : tr.tensor(big::params::at(param_kind::norm1_weight, l))) CHECK(x == 1.0f);
+    for (float x : tr.tensor(big::params::at(param_kind::norm2_bias, l))) CHECK(x == 0.0f);
+  }
+}
+
+TEST_CASE("bad input is refused with a clear error and no state changed", "[step][errors]") {
+  etude::hyper h;
+  h.lr = 1e-3;
+  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
+  tr.step(random_batch(2, 8, 9));
+  const snapshot before(tr);
+  auto expect = [&](const etude::token_batch& b, const std::string& fragment) {
+    try {
+      tr.step(b);
+      FAIL("no error for: " << fragment);
+    } catch (const etude::invalid_input& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(fragment) != std::string::npos);
+    }
+    CHECK(snapshot(tr) == before);
+  };
+  auto b = random_batch(2, 8, 10);
+  b.at(1, 2, 3) = small_shape.card;
+  expect(b, "token 16 at example 1, codebook 2, frame 3 is outside [0, 16)");
+  b.at(1, 2, 3) = -1;
+  expect(b, "token -1 at example 1, codebook 2, frame 3");
+  expect(random_batch(3, 8, 11), "cannot be split into accumulate<2> microbatches");
+  expect(random_batch(2, 64, 12), "has 64 frames; with this pattern shape.max_len (64) allows at most 63");
+  etude::token_batch wrong_k(2, 3, 8);
+  expect(wrong_k, "has 3 codebooks but the model has 4");
+  auto all_padding = random_batch(2, 8, 13);
+  for (int t = 0; t < 8; ++t)
+    for (int e = 0; e < 2; ++e) all_padding.mask_at(e, 1, t) = 0;
+  expect(all_padding, "codebook 1 has no valid target token");
+  CHECK_THROWS_AS(tr.evaluate(wrong_k), etude::invalid_input);
+}
+
+TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[step][errors]") {
+  etude::hyper h;
+  h.lr = 1e-3;
+  etude::trainer<etude::train_config<lm>> tr{h};
+  tr.step(random_batch(2, 8, 14));
+  auto w = tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  w[5] = std::numeric_limits<float>::infinity();
+  const snapshot before(tr);
+  try {
+    tr.step(random_batch(2, 8, 15));
+    FAIL("no error");
+  } catch (const etude::non_finite& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("step 1") != std::string::npos);
+    CHECK(std::string(e.what()).find("no parameter or optimiser state was changed") != std::string::npos);
+  }
+  CHECK(snapshot(tr) == before);
+}
+
+TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
+  using trainer_t = etude::trainer<etude::train_config<lm>>;
+  etude::hyper h;
+  h.warmup_steps = 100;
+  h.total_steps = 50;
+  CHECK_THROWS_WITH(trainer_t{h}, Catch::Contains("total_steps (50) must exceed warmup_steps (100)"));
+  h = {};
+  h.beta2 = 1.0;
+  CHECK_THROWS_WITH(trainer_t{h}, Catch::Contains("beta2 must be in [0, 1)"));
+  h = {};
+  h.lr = -1;
+  CHECK_THROWS_AS(trainer_t{h}, etude::invalid_argument);
+}
