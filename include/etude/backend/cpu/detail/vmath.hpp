@@ -19,8 +19,14 @@ inline float exp_cody_waite(float x) {
   constexpr float log2e = 1.44269504088896341f;
   constexpr float ln2_hi = 0.693145751953125f;     // exactly representable: n * ln2_hi is exact
   constexpr float ln2_lo = 1.428606765330187e-06f;  // ln2 - ln2_hi
-  const float xc = std::fmin(std::fmax(x, -103.9f), 88.72f);
-  const float n = std::floor(xc * log2e + 0.5f);
+  // clamp with selects, not fminf/fmaxf: those do not vectorise, and they would turn NaN into a
+  // number where a NaN must reach the loss check
+  float xc = x < -103.9f ? -103.9f : x;
+  xc = xc > 88.72f ? 88.72f : xc;
+  // round to nearest by adding and removing 1.5·2^23 (GCC does not vectorise floorf without
+  // -fno-trapping-math); valid for |x·log2e| < 2^22
+  constexpr float round_magic = 12582912.0f;
+  const float n = (xc * log2e + round_magic) - round_magic;
   const float r = (xc - n * ln2_hi) - n * ln2_lo;
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it:
+#   1. Release build of the library's tests, examples and benchmarks; ctest (unit, parity,
+#      compile_fail, example, header self-sufficiency);
+#   2. a second build under AddressSanitizer and UndefinedBehaviorSanitizer running the
+#      unit, parity and example tests;
+#   3. the installed package consumed by find_package, add_subdirectory and FetchContent;
+#   4. the Conan recipe created and its test_package run, offline.
+# Usage: tests/run.sh [build root]   (default: build/)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/build}
+jobs=${ETUDE_JOBS:-2}
+step() { printf '\n=== %s\n' "$*"; }
+
+step "release build and tests"
+cmake -S "$root" -B "$out/release" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$out/release" -j "$jobs"
+ctest --test-dir "$out/release" --output-on-failure -j "$jobs"
+
+step "address and undefined-behaviour sanitizers"
+cmake -S "$root" -B "$out/sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETUDE_SANITIZE="address;undefined" \
+      -DETUDE_BUILD_BENCH=OFF
+cmake --build "$out/sanitize" -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir "$out/sanitize" --output-on-failure -j "$jobs" -L "unit|parity|example"
+
+step "package consumers"
+"$root/tests/package/run.sh" "$out/release"
+
+step "conan package"
+"$root/conan/run.sh" "$out/conan"
+
+step "all tests passed"
