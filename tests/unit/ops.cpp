@@ -21,10 +21,11 @@ std::vector<double> random_vector(std::size_t n, std::uint64_t seed, double scal
 }
 
 // Checks grad (analytic d loss / d x) against central differences of loss at every element.
+// With a stride, every stride-th element (the forward is re-run twice per element).
 void check_gradient(std::vector<double>& x, const std::vector<double>& grad, const std::function<double()>& loss,
-                    const char* what) {
+                    const char* what, std::size_t stride = 1) {
   INFO(what);
-  for (std::size_t i = 0; i < x.size(); ++i) {
+  for (std::size_t i = 0; i < x.size(); i += stride) {
     const double keep = x[i], h = 1e-6 * std::max(1.0, std::abs(keep));
     x[i] = keep + h;
     const double up = loss();
@@ -64,20 +65,22 @@ TEST_CASE("layernorm backward matches central differences", "[ops]") {
 }
 
 TEST_CASE("causal attention backward matches central differences", "[ops]") {
-  const index_t batch = 2, steps = 5, head_dim = 3;
+  const index_t batch = 2, steps = cpu::attention_rows + 9, head_dim = 3;  // two row blocks
   const int heads = 2;
   const index_t d = heads * head_dim;
   auto qkv = random_vector(batch * steps * 3 * d, 5);
   const auto dout = random_vector(batch * steps * d, 6);
   std::vector<double> att(batch * steps * d), lse(batch * steps * heads);
+  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps)));
   auto loss = [&] {
-    cpu::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, head_dim);
+    cpu::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
     return dot(att, dout);
   };
   loss();
   std::vector<double> dqkv(qkv.size());
-  cpu::attention_bwd(dqkv.data(), dout.data(), qkv.data(), lse.data(), batch, steps, heads, head_dim);
-  check_gradient(qkv, dqkv, loss, "dqkv");
+  cpu::attention_bwd(dqkv.data(), dout.data(), qkv.data(), lse.data(), batch, steps, heads, head_dim, scratch.data(),
+                     index_t(scratch.size()));
+  check_gradient(qkv, dqkv, loss, "dqkv", 5);
 }
 
 TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops]") {
@@ -85,7 +88,8 @@ TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops
   const int heads = 1;
   const auto qkv = random_vector(steps * 3 * head_dim, 7);
   std::vector<double> att(steps * head_dim), lse(steps);
-  cpu::attention_fwd(att.data(), lse.data(), qkv.data(), 1, steps, heads, head_dim);
+  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps)));
+  cpu::attention_fwd(att.data(), lse.data(), qkv.data(), 1, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
   auto q = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + j)]; };
   auto k = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + head_dim + j)]; };
   auto v = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + 2 * head_dim + j)]; };
@@ -192,6 +196,18 @@ TEST_CASE("vectorised exp is within 2 ulp of libm", "[ops]") {
   CHECK(etude::backend::cpu_detail::exp_cody_waite(-95.0f) == Approx(std::exp(-95.0)).epsilon(1e-3));
   CHECK(std::isinf(etude::backend::cpu_detail::exp_cody_waite(100.0f)));
   CHECK(etude::backend::cpu_detail::exp_cody_waite(0.0f) == 1.0f);
+}
+
+TEST_CASE("vectorised erf is within 3 ulp of libm", "[ops]") {
+  for (float x = -5.0f; x <= 5.0f; x += 0.0001220703125f) {
+    const float ours = etude::backend::cpu_detail::erf_poly(x);
+    const double ref = std::erf(static_cast<double>(x));
+    const double ulp = std::nextafter(static_cast<float>(std::abs(ref)), 2.0f) - static_cast<float>(std::abs(ref));
+    INFO("x = " << x);
+    REQUIRE(std::abs(ours - ref) <= 3.0 * ulp + 1e-45);
+  }
+  CHECK(etude::backend::cpu_detail::erf_poly(0.0f) == 0.0f);
+  CHECK(std::isnan(etude::backend::cpu_detail::erf_poly(std::nanf(""))));
 }
 
 TEST_CASE("sum of squares is deterministic and exact enough", "[ops]") {

@@ -49,8 +49,9 @@ struct transformer {
   }
 
   // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (S, D).
-  static void forward(const T* p, T* act, const token_t* seq, const T* pos, index_t batch,
-                      index_t steps) {
+  // attn: the backend's attention scratch, attn_size floats.
+  static void forward(const T* p, T* act, const token_t* seq, const T* pos, index_t batch, index_t steps, T* attn,
+                      index_t attn_size) {
     const index_t rows = batch * steps;
     const T* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
@@ -60,7 +61,7 @@ struct transformer {
       Backend::layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, a.x_in, param(p, param_kind::norm1_weight, l),
                              param(p, param_kind::norm1_bias, l), rows, D);
       Backend::gemm(false, true, rows, 3 * D, D, T(1), a.ln1, D, param(p, param_kind::qkv, l), D, T(0), a.qkv, 3 * D);
-      Backend::attention_fwd(a.att, a.att_lse, a.qkv, batch, steps, S.heads, S.head_dim());
+      Backend::attention_fwd(a.att, a.att_lse, a.qkv, batch, steps, S.heads, S.head_dim(), attn, attn_size);
       Backend::copy(a.x_mid, a.x_in, rows * D);
       Backend::gemm(false, true, rows, D, D, T(1), a.att, D, param(p, param_kind::out_proj, l), D, T(1), a.x_mid, D);
       Backend::layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, param(p, param_kind::norm2_weight, l),
@@ -91,8 +92,8 @@ struct transformer {
   }
 
   // Backward from dlnf (in `dh`) to every parameter gradient (accumulated into g).
-  static void backward(const T* p, T* g, T* act, const token_t* seq, index_t batch, index_t steps,
-                       T* scratch) {
+  static void backward(const T* p, T* g, T* act, const token_t* seq, index_t batch, index_t steps, T* scratch,
+                       T* attn, index_t attn_size) {
     const index_t rows = batch * steps;
     T* dx = scratch;             // (BS, D) gradient of the residual stream
     T* dh = dx + rows * D;       // (BS, D)
@@ -113,7 +114,7 @@ struct transformer {
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
       Backend::gemm(true, false, D, D, rows, T(1), dx, D, a.att, D, T(1), param(g, param_kind::out_proj, l), D);
       Backend::gemm(false, false, rows, D, D, T(1), dx, D, param(p, param_kind::out_proj, l), D, T(0), dh, D);
-      Backend::attention_bwd(dqkv, dh, a.qkv, a.att_lse, batch, steps, S.heads, S.head_dim());
+      Backend::attention_bwd(dqkv, dh, a.qkv, a.att_lse, batch, steps, S.heads, S.head_dim(), attn, attn_size);
       Backend::gemm(true, false, 3 * D, D, rows, T(1), dqkv, 3 * D, a.ln1, D, T(1), param(g, param_kind::qkv, l), D);
       Backend::gemm(false, false, rows, D, 3 * D, T(1), dqkv, 3 * D, param(p, param_kind::qkv, l), D, T(0), dh, D);
       Backend::layernorm_bwd(dx, param(g, param_kind::norm1_weight, l), param(g, param_kind::norm1_bias, l), dh,

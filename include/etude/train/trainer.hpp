@@ -95,7 +95,7 @@ class trainer {
       const index_t nb = std::min(chunk, batch.batch - b0);
       prepare(batch, plan, b0, nb);
       for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += target_count(k, nb * plan.steps);
-      net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps);
+      net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps, attn_.data(), attn_.size());
       for (int k = 0; k < K; ++k)
         sums[static_cast<std::size_t>(k)] += net::head(params_.data(), grads_.data(), act_.data(), logits(), nullptr,
                                                       target_.data() + k * nb * plan.steps, k, nb * plan.steps, value_type(0));
@@ -203,6 +203,7 @@ class trainer {
       scratch_.resize(rows * transformer_scratch<S>::row_floats);
       rows_capacity_ = rows;
     }
+    if (const index_t need = Backend::attention_scratch(steps); need > attn_.size()) attn_.resize(need);
     seq_.resize(static_cast<std::size_t>(rows * K));
     target_.resize(static_cast<std::size_t>(rows * K));
     for (index_t e = 0; e < nb; ++e)
@@ -255,7 +256,7 @@ class trainer {
     std::vector<double> sums(K, 0.0), means(K, 0.0);
     for (int m = 0; m < microbatches; ++m) {
       prepare(batch, plan, m * nb, nb);
-      net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps);
+      net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps, attn_.data(), attn_.size());
       value_type* dlnf = scratch_.data() + rows_capacity_ * S.dim;  // the `dh` slot of the scratch
       for (int k = 0; k < K; ++k) {
         const auto ku = static_cast<std::size_t>(k);
@@ -267,7 +268,8 @@ class trainer {
         sums[ku] += loss;
         means[ku] += loss / static_cast<double>(n) * scale;
       }
-      net::backward(params_.data(), grads_.data(), act_.data(), seq_.data(), nb, plan.steps, scratch_.data());
+      net::backward(params_.data(), grads_.data(), act_.data(), seq_.data(), nb, plan.steps, scratch_.data(),
+                    attn_.data(), attn_.size());
     }
     step_stats st;
     if constexpr (Config::norm == loss_norm::tokens) {
@@ -325,7 +327,7 @@ class trainer {
   hyper hyper_;
   long step_ = 0;
   buffer<value_type> params_, grads_, state1_, state2_;
-  buffer<value_type> act_, scratch_, pos_;
+  buffer<value_type> act_, scratch_, pos_, attn_;
   index_t rows_capacity_ = 0;
   pattern_plan plan_;
   std::vector<token_t> seq_, target_;

@@ -169,52 +169,68 @@ struct cpu {
 
   // ---- attention -----------------------------------------------------------------------------
   // Causal multi-head self-attention over packed qkv (B·S, 3D) → att (B·S, D) and the
-  // log-sum-exp of each score row, lse (B·S, H). Scores are 1/sqrt(hd)·q·k.
+  // log-sum-exp of each score row, lse (B·S, H). Scores are 1/sqrt(hd)·q·k. Query rows go in
+  // blocks of `attention_rows`; a block only meets the keys at or before its last row, so the
+  // masked upper triangle is never computed (beyond the diagonal blocks).
+  static constexpr index_t attention_rows = 64;
+
+  // Scratch floats attention_fwd/bwd need for sequences of `steps` (one slot per thread).
+  static index_t attention_scratch(index_t steps) {
+    return static_cast<index_t>(threads()) * 2 * attention_rows * steps;
+  }
+
   template <class T>
   static void attention_fwd(T* att, T* lse, const T* qkv, index_t batch, index_t steps, int heads,
-                            index_t head_dim) {
-    const index_t d = heads * head_dim, ld = 3 * d;
+                            index_t head_dim, T* scratch, index_t scratch_size) {
+    const index_t d = heads * head_dim, ld = 3 * d, slot = 2 * attention_rows * steps;
     const T scale = T(1.0) / std::sqrt(static_cast<T>(head_dim));
-    std::vector<T> scratch(static_cast<std::size_t>(threads() * steps * steps));
-#pragma omp parallel for schedule(static)
+    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(threads(), scratch_size / slot)));
+    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
+#pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      T* p = scratch.data() + omp_get_thread_num() * steps * steps;
+      T* p = scratch + omp_get_thread_num() * slot;
       const T* q = qkv + b * steps * ld + h * head_dim;
-      gemm(false, true, steps, steps, head_dim, scale, q, ld, q + d, ld, T(0.0), p, steps);
-      for (index_t i = 0; i < steps; ++i) {
-        T* row = p + i * steps;
-        T mx = row[0];
-        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        T sum = T(0.0);
+      for (index_t blk = 0; blk < blocks; ++blk) {
+        const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+        // scores (rows, i1) against keys 0 .. i1-1, row stride i1
+        gemm(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, q + d, ld, T(0.0), p, i1);
+        for (index_t i = i0; i < i1; ++i) {
+          T* row = p + (i - i0) * i1;
+          T mx = row[0];
+          for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+          T sum = T(0.0);
 #pragma omp simd reduction(+ : sum)
-        for (index_t j = 0; j <= i; ++j) {
-          row[j] = cpu_detail::vexp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = T(1.0) / sum;
+          for (index_t j = 0; j <= i; ++j) {
+            row[j] = cpu_detail::vexp(row[j] - mx);
+            sum += row[j];
+          }
+          const T inv = T(1.0) / sum;
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) row[j] *= inv;
-        for (index_t j = i + 1; j < steps; ++j) row[j] = T(0.0);
-        lse[(b * steps + i) * heads + h] = mx + std::log(sum);
+          for (index_t j = 0; j <= i; ++j) row[j] *= inv;
+          for (index_t j = i + 1; j < i1; ++j) row[j] = T(0.0);
+          lse[(b * steps + i) * heads + h] = mx + std::log(sum);
+        }
+        gemm(false, false, rows, head_dim, i1, T(1.0), p, i1, q + 2 * d, ld, T(0.0),
+             att + (b * steps + i0) * d + h * head_dim, d);
       }
-      gemm(false, false, steps, head_dim, steps, T(1.0), p, steps, q + 2 * d, ld, T(0.0),
-           att + b * steps * d + h * head_dim, d);
     }
   }
 
-  // dqkv (B·S, 3D) = attention'(datt), recomputing the probabilities from q, k and lse.
+  // dqkv (B·S, 3D) = attention'(datt), recomputing the probabilities from q, k and lse, block by
+  // block of query rows; dK and dV accumulate over the blocks in order.
   template <class T>
   static void attention_bwd(T* dqkv, const T* datt, const T* qkv, const T* lse, index_t batch,
-                            index_t steps, int heads, index_t head_dim) {
-    const index_t d = heads * head_dim, ld = 3 * d;
+                            index_t steps, int heads, index_t head_dim, T* scratch, index_t scratch_size) {
+    const index_t d = heads * head_dim, ld = 3 * d, slot = 2 * attention_rows * steps;
     const T scale = T(1.0) / std::sqrt(static_cast<T>(head_dim));
-    std::vector<T> scratch(static_cast<std::size_t>(2 * threads() * steps * steps));
-#pragma omp parallel for schedule(static)
+    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(threads(), scratch_size / slot)));
+    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
+#pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      T* p = scratch.data() + 2 * omp_get_thread_num() * steps * steps;
-      T* dp = p + steps * steps;
+      T* p = scratch + omp_get_thread_num() * slot;
+      T* dp = p + attention_rows * steps;
       const T* q = qkv + b * steps * ld + h * head_dim;
       const T* k = q + d;
       const T* v = q + 2 * d;
@@ -222,24 +238,34 @@ struct cpu {
       T* dq = dqkv + b * steps * ld + h * head_dim;
       T* dk = dq + d;
       T* dv = dq + 2 * d;
-      gemm(false, true, steps, steps, head_dim, scale, q, ld, k, ld, T(0.0), p, steps);
-      gemm(false, true, steps, steps, head_dim, T(1.0), dout, d, v, ld, T(0.0), dp, steps);
-      for (index_t i = 0; i < steps; ++i) {
-        T* pr = p + i * steps;
-        T* dr = dp + i * steps;
-        const T l = lse[(b * steps + i) * heads + h];
+      for (index_t blk = 0; blk < blocks; ++blk) {
+        const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+        gemm(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, T(0.0), p, i1);
+        gemm(false, true, rows, i1, head_dim, T(1.0), dout + i0 * d, d, v, ld, T(0.0), dp, i1);
+        for (index_t i = i0; i < i1; ++i) {
+          T* pr = p + (i - i0) * i1;
+          T* dr = dp + (i - i0) * i1;
+          const T l = lse[(b * steps + i) * heads + h];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
-        T dot = T(0.0);
+          for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+          T dot = T(0.0);
 #pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+          for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        for (index_t j = i + 1; j < steps; ++j) pr[j] = dr[j] = T(0.0);
+          for (index_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+          for (index_t j = i + 1; j < i1; ++j) pr[j] = dr[j] = T(0.0);
+        }
+        // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
+        // i0 of dK and dV are first written by this block
+        const T first = T(0.0), more = T(1.0);
+        if (i0 > 0) {
+          gemm(true, false, i0, head_dim, rows, T(1.0), p, i1, dout + i0 * d, d, more, dv, ld);
+          gemm(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, more, dk, ld);
+        }
+        gemm(true, false, rows, head_dim, rows, T(1.0), p + i0, i1, dout + i0 * d, d, first, dv + i0 * ld, ld);
+        gemm(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, first, dk + i0 * ld, ld);
+        gemm(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, T(0.0), dq + i0 * ld, ld);
       }
-      gemm(true, false, steps, head_dim, steps, T(1.0), p, steps, dout, d, T(0.0), dv, ld);
-      gemm(false, false, steps, head_dim, steps, scale, dp, steps, k, ld, T(0.0), dq, ld);
-      gemm(true, false, steps, head_dim, steps, scale, dp, steps, q, ld, T(0.0), dk, ld);
     }
   }
 
@@ -247,7 +273,7 @@ struct cpu {
   template <class T>
   static void gelu_fwd(T* y, const T* x, index_t n) {
 #pragma omp parallel for simd schedule(static)
-    for (index_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1.0) + std::erf(x[i] * T(0.70710678118654752440)));
+    for (index_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1.0) + cpu_detail::verf(x[i] * T(0.70710678118654752440)));
   }
   // dx = dy · gelu'(x), in place over dy.
   template <class T>
@@ -255,7 +281,7 @@ struct cpu {
     constexpr T inv_sqrt_2pi = T(0.398942280401432677940);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const T cdf = T(0.5) * (T(1.0) + std::erf(x[i] * T(0.70710678118654752440)));
+      const T cdf = T(0.5) * (T(1.0) + cpu_detail::verf(x[i] * T(0.70710678118654752440)));
       const T pdf = inv_sqrt_2pi * cpu_detail::vexp(-T(0.5) * x[i] * x[i]);
       dy[i] *= cdf + x[i] * pdf;
     }

@@ -44,10 +44,44 @@ inline float exp_cody_waite(float x) {
   return x < -103.9f ? 0.0f : (x > 88.72f ? INFINITY : result);
 }
 
+// erf(x) in float, vectorisable, within 3 ulp (tests/unit/ops.cpp checks it against libm).
+// |x| < 1: x·(a0 + u·Q(u)) with u = x², Q of degree 5; 1 <= |x| < 4: 1 − e^(−x²)·R(1/|x|) with R
+// of degree 9 (erfc(x)·e^(x²) is smooth in 1/x); |x| >= 4: ±1 (erfc(4) is below half an ulp of 1).
+// Coefficients: weighted least-squares fits for relative error, made for etude (tools: numpy).
+#pragma omp declare simd notinbranch
+inline float erf_poly(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float u = a * a;
+  float q = 7.898209878476337e-05f;
+  q = q * u - 0.0008024353883229196f;
+  q = q * u + 0.00519005348905921f;
+  q = q * u - 0.026854809373617172f;
+  q = q * u + 0.11283612251281738f;
+  q = q * u - 0.3761262893676758f;
+  const float small = a * 1.128379225730896f + a * (u * q);
+  const float t = 1.0f / (a < 1.0f ? 1.0f : a);
+  float b = 0.03206583485007286f;
+  b = b * t - 0.18719515204429626f;
+  b = b * t + 0.4562140107154846f;
+  b = b * t - 0.5615038871765137f;
+  b = b * t + 0.25932660698890686f;
+  b = b * t + 0.2187654823064804f;
+  b = b * t - 0.37169361114501953f;
+  b = b * t + 0.019603915512561798f;
+  b = b * t + 0.5618857145309448f;
+  b = b * t + 0.00011466929572634399f;
+  const float large = 1.0f - exp_cody_waite(-u) * b;
+  const float r = a < 1.0f ? small : (a >= 4.0f ? 1.0f : large);  // NaN falls through to `large`
+  return x < 0.0f ? -r : r;
+}
+
 // The backend's exponential: the vectorisable float kernel above, libm in double (the double
 // instantiation is the gradient-check oracle, where speed does not matter).
 #pragma omp declare simd notinbranch
 inline float vexp(float x) { return exp_cody_waite(x); }
 inline double vexp(double x) { return std::exp(x); }
+#pragma omp declare simd notinbranch
+inline float verf(float x) { return erf_poly(x); }
+inline double verf(double x) { return std::erf(x); }
 
 }  // namespace etude::backend::cpu_detail
