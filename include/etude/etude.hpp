@@ -18,6 +18,7 @@
 #include "etude/model/params.hpp"
 #include "etude/model/pattern_plan.hpp"
 #include "etude/model/transformer.hpp"
+#include "etude/backend/op_set.hpp"
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/train/batch.hpp"
 #include "etude/train/schedule.hpp"

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "etude/backend/op_set.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/activations.hpp"
 #include "etude/model/params.hpp"
@@ -21,6 +22,8 @@ struct transformer_scratch {
 // T is the arithmetic type of the whole pass: float for training, double for gradient oracles.
 template <class Model, class Backend, class T = float>
 struct transformer {
+  static_assert(backend_op_set<Backend, T>,
+                "the backend does not implement etude's op set for this arithmetic type (see backend/op_set.hpp)");
   static constexpr shape S = Model::shape;
   using params = typename Model::params;
   using acts = typename Model::activations;
