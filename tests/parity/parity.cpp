@@ -16,6 +16,8 @@
 
 #include <etude/etude.hpp>
 
+#include "../support.hpp"
+
 namespace pat = etude::pattern;
 namespace fs = std::filesystem;
 using etude::index_t;
@@ -58,15 +60,6 @@ std::vector<float> read_floats(const fs::path& file) {
   in.seekg(0);
   in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
   return v;
-}
-
-double relative_l2(std::span<const float> ours, std::span<const float> theirs) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i) {
-    num += (double(ours[i]) - theirs[i]) * (double(ours[i]) - theirs[i]);
-    den += double(theirs[i]) * theirs[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
 template <class Pattern, class... Policies>
@@ -130,7 +123,7 @@ void check_parity(const std::string& name, const etude::hyper& h, int steps = 3)
   for (const auto& p : lm::params::entries) {
     INFO("gradient of " << etude::param_name(p));
     const std::span<const float> theirs(ref_grads.data() + at, static_cast<std::size_t>(p.numel()));
-    CHECK(relative_l2(tr.gradient(p), theirs) < 1e-5);
+    CHECK(etude::test::relative_l2(tr.gradient(p), theirs) < 1e-5);
     at += static_cast<std::size_t>(p.numel());
   }
   // the steps: the loss of each, then the parameters
@@ -144,7 +137,7 @@ void check_parity(const std::string& name, const etude::hyper& h, int steps = 3)
   for (const auto& p : lm::params::entries) {
     INFO("parameter after " << steps << " steps: " << etude::param_name(p));
     const std::span<const float> theirs(ref_after.data() + at, static_cast<std::size_t>(p.numel()));
-    CHECK(relative_l2(tr.tensor(p), theirs) < 1e-5);
+    CHECK(etude::test::relative_l2(tr.tensor(p), theirs) < 1e-5);
     at += static_cast<std::size_t>(p.numel());
   }
   fs::remove_all(dir);

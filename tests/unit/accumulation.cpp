@@ -6,6 +6,8 @@
 
 #include <etude/etude.hpp>
 
+#include "../support.hpp"
+
 namespace pat = etude::pattern;
 using etude::index_t;
 
@@ -33,15 +35,6 @@ etude::token_batch slice(const etude::token_batch& b, index_t first, index_t cou
   return out;
 }
 
-double relative_difference(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 }  // namespace
 
 TEST_CASE("4 microbatches of 2 give the same update as one batch of 8", "[accumulation]") {
@@ -59,7 +52,7 @@ TEST_CASE("4 microbatches of 2 give the same update as one batch of 8", "[accumu
   for (int k = 0; k < shape.codebooks; ++k) CHECK(ga.ce_q[k] == Approx(gw.ce_q[k]).epsilon(1e-6));
   for (const auto& p : lm::params::entries) {
     INFO(etude::param_name(p));
-    CHECK(relative_difference(acc.gradient(p), whole.gradient(p)) < 1e-6);
+    CHECK(etude::test::relative_l2(acc.gradient(p), whole.gradient(p)) < 1e-6);
   }
   // three AdamW updates: Adam's first steps move each weight by about ±lr whatever the size of
   // its gradient, so a gradient of 1e-8 (below eps) that differs by rounding moves its weight
@@ -71,7 +64,7 @@ TEST_CASE("4 microbatches of 2 give the same update as one batch of 8", "[accumu
   }
   for (const auto& p : lm::params::entries) {
     INFO(etude::param_name(p));
-    CHECK(relative_difference(acc.tensor(p), whole.tensor(p)) < 1e-5);
+    CHECK(etude::test::relative_l2(acc.tensor(p), whole.tensor(p)) < 1e-5);
   }
 }
 

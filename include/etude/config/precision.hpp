@@ -6,29 +6,28 @@ namespace etude::precision {
 
 struct policy_tag {};
 
-// Everything in float32: parameters, activations, gradients, optimiser states, communication.
-struct fp32 : policy_tag {
-  static constexpr const char* name = "fp32";
-  using param_t = float;
-  using activation_t = float;
-  using grad_t = float;
-  using state_t = float;
+// A policy with one dtype for every role: parameters, activations, gradients, optimiser states
+// and communication.
+template <class T>
+struct uniform_policy : policy_tag {
+  using param_t = T;
+  using activation_t = T;
+  using grad_t = T;
+  using state_t = T;
   static constexpr bool has_master = false;
   static constexpr bool loss_scaling = false;
-  static constexpr bool uniform = true;  // one dtype for every role
+  static constexpr bool uniform = true;
+};
+
+// Everything in float32: the exact training policy.
+struct fp32 : uniform_policy<float> {
+  static constexpr const char* name = "fp32";
 };
 
 // Everything in float64: not a training policy but the oracle for numerical gradient checks,
 // where central differences need double precision to resolve 1e-6 relative errors.
-struct fp64 : policy_tag {
+struct fp64 : uniform_policy<double> {
   static constexpr const char* name = "fp64";
-  using param_t = double;
-  using activation_t = double;
-  using grad_t = double;
-  using state_t = double;
-  static constexpr bool has_master = false;
-  static constexpr bool loss_scaling = false;
-  static constexpr bool uniform = true;
 };
 
 }  // namespace etude::precision
