@@ -165,6 +165,18 @@ TEST_CASE("validation touches no parameter, gradient or optimiser state", "[step
   CHECK(snapshot(tr) == before);
 }
 
+TEST_CASE("an evaluation of a larger batch between steps leaves the training trajectory bit-identical", "[step][eval]") {
+  etude::hyper h;
+  h.lr = 3e-3;
+  etude::trainer<etude::train_config<lm>> with_eval{h}, without{h};
+  with_eval.step(random_batch(2, 8, 40));
+  without.step(random_batch(2, 8, 40));
+  with_eval.evaluate(random_batch(6, 20, 41));  // grows every workspace past the training size
+  with_eval.step(random_batch(2, 8, 42));
+  without.step(random_batch(2, 8, 42));
+  CHECK(snapshot(with_eval) == snapshot(without));
+}
+
 TEST_CASE("evaluation equals the loss of the training objective on the same batch", "[step][eval]") {
   etude::trainer<etude::train_config<lm>> tr;
   const auto data = random_batch(2, 9, 8);

@@ -13,10 +13,19 @@
 
 namespace etude {
 
-// Scratch for the backward pass and the heads, per token position (B·S rows).
-template <shape S>
+// Scratch for the backward pass and the heads, laid out for exactly `rows` token positions
+// (B·S): every user of the scratch takes its pointers from here, so the layout is one thing.
+template <shape S, class T>
 struct transformer_scratch {
   static constexpr index_t row_floats = 2 * S.dim + 3 * S.dim + S.ffn() + S.card;
+  T* dx;      // (BS, D)  gradient of the residual stream
+  T* dh;      // (BS, D)  gradient entering a block; dlnf from the heads
+  T* dqkv;    // (BS, 3D)
+  T* dffn;    // (BS, F)
+  T* logits;  // (BS, C)  one codebook's logits, then their gradient
+  transformer_scratch(T* base, index_t rows)
+      : dx(base), dh(dx + rows * S.dim), dqkv(dh + rows * S.dim), dffn(dqkv + rows * 3 * S.dim),
+        logits(dffn + rows * S.ffn()) {}
 };
 
 // T is the arithmetic type of the whole pass: float for training, double for gradient oracles.
@@ -94,14 +103,15 @@ struct transformer {
     return loss;
   }
 
-  // Backward from dlnf (in `dh`) to every parameter gradient (accumulated into g).
-  static void backward(const T* p, T* g, T* act, const token_t* seq, index_t batch, index_t steps, T* scratch,
-                       T* attn, index_t attn_size) {
+  // Backward from dlnf (in scratch.dh, written by head()) to every parameter gradient
+  // (accumulated into g).
+  static void backward(const T* p, T* g, T* act, const token_t* seq, index_t batch, index_t steps,
+                       const transformer_scratch<S, T>& scratch, T* attn, index_t attn_size) {
     const index_t rows = batch * steps;
-    T* dx = scratch;             // (BS, D) gradient of the residual stream
-    T* dh = dx + rows * D;       // (BS, D)
-    T* dqkv = dh + rows * D;     // (BS, 3D)
-    T* dffn = dqkv + rows * 3 * D;  // (BS, F)
+    T* dx = scratch.dx;
+    T* dh = scratch.dh;
+    T* dqkv = scratch.dqkv;
+    T* dffn = scratch.dffn;
     Backend::fill_zero(dx, rows * D);
     Backend::layernorm_bwd(dx, param(g, param_kind::out_norm_weight), param(g, param_kind::out_norm_bias), dh,
                            final_at(act, final_slot::x_out, rows), final_at(act, final_slot::lnf_mean, rows),

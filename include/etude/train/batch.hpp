@@ -37,6 +37,9 @@ struct token_batch {
   unsigned char& mask_at(index_t b, int k, index_t t) {
     return mask[static_cast<std::size_t>((b * codebooks + k) * frames + t)];
   }
+  token_t at(index_t b, int k, index_t t) const {
+    return tokens[static_cast<std::size_t>((b * codebooks + k) * frames + t)];
+  }
 
   batch_view view() const { return {tokens.data(), mask.empty() ? nullptr : mask.data(), batch, codebooks, frames}; }
   operator batch_view() const { return view(); }  // NOLINT: a batch is usable wherever its view is

@@ -97,7 +97,8 @@ class trainer {
       for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += target_count(k, nb * plan.steps);
       net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps, attn_.data(), attn_.size());
       for (int k = 0; k < K; ++k)
-        sums[static_cast<std::size_t>(k)] += net::head(params_.data(), grads_.data(), act_.data(), logits(), nullptr,
+        sums[static_cast<std::size_t>(k)] += net::head(params_.data(), grads_.data(), act_.data(),
+                                                      scratch_at(nb * plan.steps).logits, nullptr,
                                                       target_.data() + k * nb * plan.steps, k, nb * plan.steps, value_type(0));
     }
     eval_stats st;
@@ -200,7 +201,7 @@ class trainer {
     const index_t steps = plan.steps, rows = nb * steps;
     if (rows > rows_capacity_) {
       act_.resize(rows * acts::row_floats);
-      scratch_.resize(rows * transformer_scratch<S>::row_floats);
+      scratch_.resize(rows * transformer_scratch<S, value_type>::row_floats);
       rows_capacity_ = rows;
     }
     if (const index_t need = Backend::attention_scratch(steps); need > attn_.size()) attn_.resize(need);
@@ -223,7 +224,7 @@ class trainer {
     return n;
   }
 
-  value_type* logits() { return scratch_.data() + rows_capacity_ * (5 * S.dim + S.ffn()); }
+  transformer_scratch<S, value_type> scratch_at(index_t rows) { return {scratch_.data(), rows}; }
 
   // Forward, loss and backward over every microbatch; gradients end up in grads_.
   step_stats accumulate(const batch_view& batch) {
@@ -257,19 +258,19 @@ class trainer {
     for (int m = 0; m < microbatches; ++m) {
       prepare(batch, plan, m * nb, nb);
       net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps, attn_.data(), attn_.size());
-      value_type* dlnf = scratch_.data() + rows_capacity_ * S.dim;  // the `dh` slot of the scratch
+      const auto scratch = scratch_at(rows);
       for (int k = 0; k < K; ++k) {
         const auto ku = static_cast<std::size_t>(k);
         const index_t n = Config::norm == loss_norm::tokens ? totals[ku] : counts[static_cast<std::size_t>(m * K) + ku];
         const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
         const auto weight = static_cast<value_type>(scale / (static_cast<double>(K) * static_cast<double>(n)));
-        const double loss = net::head(params_.data(), grads_.data(), act_.data(), logits(), dlnf,
+        const double loss = net::head(params_.data(), grads_.data(), act_.data(), scratch.logits, scratch.dh,
                                       target_.data() + k * rows, k, rows, weight);
         sums[ku] += loss;
         means[ku] += loss / static_cast<double>(n) * scale;
       }
-      net::backward(params_.data(), grads_.data(), act_.data(), seq_.data(), nb, plan.steps, scratch_.data(),
-                    attn_.data(), attn_.size());
+      net::backward(params_.data(), grads_.data(), act_.data(), seq_.data(), nb, plan.steps, scratch, attn_.data(),
+                    attn_.size());
     }
     step_stats st;
     if constexpr (Config::norm == loss_norm::tokens) {
