@@ -196,6 +196,7 @@ TEST_CASE("vectorised exp is within 2 ulp of libm", "[ops]") {
   CHECK(etude::backend::cpu_detail::exp_cody_waite(-95.0f) == Approx(std::exp(-95.0)).epsilon(1e-3));
   CHECK(std::isinf(etude::backend::cpu_detail::exp_cody_waite(100.0f)));
   CHECK(etude::backend::cpu_detail::exp_cody_waite(0.0f) == 1.0f);
+  CHECK(std::isnan(etude::backend::cpu_detail::exp_cody_waite(std::nanf(""))));
 }
 
 TEST_CASE("vectorised erf is within 3 ulp of libm", "[ops]") {

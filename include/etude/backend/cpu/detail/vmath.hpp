@@ -23,6 +23,7 @@ inline float exp_cody_waite(float x) {
   // number where a NaN must reach the loss check
   float xc = x < -103.9f ? -103.9f : x;
   xc = xc > 88.72f ? 88.72f : xc;
+  xc = xc == xc ? xc : 0.0f;  // NaN: keep the integer conversion below defined; NaN is returned
   // round to nearest by adding and removing 1.5·2^23 (GCC does not vectorise floorf without
   // -fno-trapping-math); valid for |x·log2e| < 2^22
   constexpr float round_magic = 12582912.0f;
@@ -41,7 +42,7 @@ inline float exp_cody_waite(float x) {
   const float s1 = std::bit_cast<float>(static_cast<std::uint32_t>(half + 127) << 23);
   const float s2 = std::bit_cast<float>(static_cast<std::uint32_t>(ni - half + 127) << 23);
   const float result = p * s1 * s2;
-  return x < -103.9f ? 0.0f : (x > 88.72f ? INFINITY : result);
+  return x < -103.9f ? 0.0f : (x > 88.72f ? INFINITY : (x == x ? result : x));
 }
 
 // erf(x) in float, vectorisable, within 3 ulp (tests/unit/ops.cpp checks it against libm).
