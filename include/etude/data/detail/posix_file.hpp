@@ -1,0 +1,187 @@
+// Thin POSIX wrappers the data side needs and the standard library lacks: a read-only memory
+// mapping, and a file written beside its target and renamed into place only once it is complete
+// and on disk (write, fsync, rename, fsync the directory), so a crash never leaves a half-written
+// shard or manifest under the real name. Every failure is a data_error naming the path and errno.
+// Not for: general file I/O; Windows.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "etude/data/error.hpp"
+
+namespace etude::data::detail {
+
+inline std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A whole file mapped read-only. The mapping stays valid while this object lives; the kernel
+// pages the bytes in on demand, so opening a 10 GiB shard costs no copy.
+class mapped_file {
+ public:
+  mapped_file() = default;
+  explicit mapped_file(const std::filesystem::path& path) : path_(path) {
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) {
+      const int e = errno;
+      throw data_error(path.string() + ": cannot open for reading: " + errno_text(e) +
+                       (e == ENOENT ? "; check the path, or that the manifest lists the right shard files" : ""));
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0)
+      throw data_error(path.string() + ": cannot stat: " + errno_text(errno));
+    if (!S_ISREG(st.st_mode)) throw data_error(path.string() + ": not a regular file");
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    if (size_ == 0) return;  // mmap of length 0 fails; an empty file simply has no bytes
+    void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED)
+      throw data_error(path.string() + ": cannot map " + std::to_string(size_) + " bytes: " + errno_text(errno));
+    data_ = static_cast<const unsigned char*>(p);
+  }
+  mapped_file(mapped_file&& o) noexcept
+      : path_(std::move(o.path_)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  mapped_file& operator=(mapped_file&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      path_ = std::move(o.path_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file() { unmap(); }
+
+  const unsigned char* data() const noexcept { return data_; }
+  std::uint64_t size() const noexcept { return size_; }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+  // Tells the kernel the bytes will be read front to back once (checksum pass), then randomly.
+  void advise_sequential(bool on) const noexcept {
+    if (data_ != nullptr)
+      ::madvise(const_cast<unsigned char*>(data_), static_cast<std::size_t>(size_), on ? MADV_SEQUENTIAL : MADV_RANDOM);
+  }
+
+ private:
+  void unmap() noexcept {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), static_cast<std::size_t>(size_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  std::filesystem::path path_;
+  const unsigned char* data_ = nullptr;
+  std::uint64_t size_ = 0;
+};
+
+// A file under construction: created as a hidden temporary beside `target`, written, then
+// committed (fsync, rename over the target, fsync the directory). Destroyed uncommitted, it
+// removes the temporary, so an exception mid-write leaves nothing behind.
+class atomic_file {
+ public:
+  explicit atomic_file(std::filesystem::path target) : target_(std::move(target)) {
+    const auto dir = target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
+    std::string pattern = (dir / ("." + target_.filename().string() + ".tmp.XXXXXX")).string();
+    std::vector<char> name(pattern.begin(), pattern.end());
+    name.push_back('\0');
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0)
+      throw data_error(target_.string() + ": cannot create a temporary file in " + dir.string() + ": " +
+                       errno_text(errno) + "; check that the output directory exists and is writable");
+    fd_ = unique_fd(fd);
+    temp_ = name.data();
+  }
+  atomic_file(const atomic_file&) = delete;
+  atomic_file& operator=(const atomic_file&) = delete;
+  ~atomic_file() {
+    if (!committed_ && !temp_.empty()) {
+      fd_.reset();
+      ::unlink(temp_.c_str());
+    }
+  }
+
+  void write(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (n > 0) {
+      const ::ssize_t w = ::write(fd_.get(), p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw data_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  void write_at(std::uint64_t offset, const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (n > 0) {
+      const ::ssize_t w = ::pwrite(fd_.get(), p, n, static_cast<::off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw data_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+    }
+  }
+
+  void commit() {
+    if (::fchmod(fd_.get(), 0644) != 0)  // mkstemp creates 0600; shards are meant to be shared
+      throw data_error(target_.string() + ": chmod failed: " + errno_text(errno));
+    if (::fsync(fd_.get()) != 0) throw data_error(target_.string() + ": fsync failed: " + errno_text(errno));
+    fd_.reset();
+    if (::rename(temp_.c_str(), target_.c_str()) != 0)
+      throw data_error(target_.string() + ": cannot rename the finished temporary into place: " + errno_text(errno));
+    committed_ = true;
+    // The rename is durable only once the directory entry is.
+    const auto dir = target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
+    unique_fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dfd) ::fsync(dfd.get());
+  }
+
+  const std::filesystem::path& target() const noexcept { return target_; }
+
+ private:
+  std::filesystem::path target_;
+  std::filesystem::path temp_;
+  unique_fd fd_;
+  bool committed_ = false;
+};
+
+}  // namespace etude::data::detail

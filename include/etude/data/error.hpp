@@ -1,0 +1,16 @@
+// The error the data side throws: a token shard, manifest, .npy file or metadata line that is
+// missing, unreadable, corrupt or inconsistent. Messages name the file, the example (index and
+// id) and the field where they can, and say what to do.
+// Not for: batches handed to the trainer directly (those raise etude::invalid_input).
+#pragma once
+
+#include "etude/core/error.hpp"
+
+namespace etude {
+
+class data_error : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace etude
