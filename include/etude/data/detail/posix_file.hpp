@@ -120,7 +120,10 @@ class atomic_file {
  public:
   explicit atomic_file(std::filesystem::path target) : target_(std::move(target)) {
     const auto dir = target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
-    std::string pattern = (dir / ("." + target_.filename().string() + ".tmp.XXXXXX")).string();
+    std::string hidden(1, '.');  // built by appending: g++ 12 misreports "." + string (-Wrestrict)
+    hidden += target_.filename().string();
+    hidden += ".tmp.XXXXXX";
+    std::string pattern = (dir / hidden).string();
     std::vector<char> name(pattern.begin(), pattern.end());
     name.push_back('\0');
     const int fd = ::mkstemp(name.data());
