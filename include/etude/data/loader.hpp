@@ -206,20 +206,18 @@ class loader {
     if (!cfg_.on_stall) cfg_.on_stall = [](const loader_stall& s) { std::fprintf(stderr, "%s\n", s.describe().c_str()); };
     if (!cfg_.on_notice) cfg_.on_notice = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
     if (!too_short_.empty() || dropped_per_epoch_ != 0) cfg_.on_notice(summary());
-    for (int w = 0; w < cfg_.workers; ++w) workers_.emplace_back([this] { work(); });
+    try {
+      for (int w = 0; w < cfg_.workers; ++w) workers_.emplace_back([this] { work(); });
+    } catch (...) {  // no thread left running (and no std::terminate) if the system refuses one
+      shutdown();
+      throw;
+    }
   }
 
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
 
-  ~loader() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    work_cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+  ~loader() { shutdown(); }
 
   // The next batch in order, or nothing once `epochs` epochs are done. Rethrows, unchanged, the
   // exception a worker met building this batch; the loader then stays failed.
@@ -339,6 +337,15 @@ class loader {
     loaded_batch batch;
     std::exception_ptr error;
   };
+
+  void shutdown() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
 
   void check_config() const {
     const std::string where = "loader over split \"" + split_->name() + "\" of " + split_->manifest_path();
