@@ -18,6 +18,7 @@
 using etude::index_t;
 using etude::token_t;
 namespace data = etude::data;
+using etude::test::message_of;
 using etude::test::scratch_dir;
 
 namespace {
@@ -65,15 +66,6 @@ std::vector<data::loaded_batch> take(data::loader& l, std::size_t n) {
   std::vector<data::loaded_batch> out;
   for (std::size_t i = 0; i < n; ++i) out.push_back(l.next().value());
   return out;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const etude::error& e) {
-    return e.what();
-  }
-  return "(no error thrown)";
 }
 
 }  // namespace
@@ -236,16 +228,16 @@ TEST_CASE("a state from another plan is refused", "[loader][resume][bad_input]")
   const auto state = l.state();
   auto other = c;
   other.batch_size = 5;
-  CHECK_THAT(message_of([&] { data::loader(f.split, other, state); }), Catch::Contains("field batch_size was 4"));
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, other, state); }), Catch::Contains("field batch_size was 4"));
   other = c;
   other.seed = 8;
-  CHECK_THAT(message_of([&] { data::loader(f.split, other, state); }), Catch::Contains("field seed"));
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, other, state); }), Catch::Contains("field seed"));
   auto foreign = state;
   foreign.fingerprint = "0000000000000000";
-  CHECK_THAT(message_of([&] { data::loader(f.split, c, foreign); }), Catch::Contains("another dataset"));
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, c, foreign); }), Catch::Contains("another dataset"));
   nlohmann::json j = state;
   j.erase("cursor");
-  CHECK_THAT(message_of([&] { (void)j.get<data::loader_state>(); }), Catch::Contains("field cursor is missing"));
+  CHECK_THAT(message_of<etude::error>([&] { (void)j.get<data::loader_state>(); }), Catch::Contains("field cursor is missing"));
 }
 
 TEST_CASE("ranks partition every epoch", "[loader][ranks]") {
@@ -305,14 +297,14 @@ TEST_CASE("a model whose K or card disagrees with the dataset is refused", "[loa
   fixture f;
   auto c = f.config(0);
   c.codebooks = 8;
-  CHECK_THAT(message_of([&] { data::loader(f.split, c); }),
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, c); }),
              Catch::Contains("manifest.json") && Catch::Contains("expects 8 codebooks") && Catch::Contains("has 4"));
   c.codebooks = 4;
   c.card = 1024;
-  CHECK_THAT(message_of([&] { data::loader(f.split, c); }), Catch::Contains("expects card 1024"));
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, c); }), Catch::Contains("expects card 1024"));
   c.card = 2048;
   c.segment_frames = 1000;
-  CHECK_THAT(message_of([&] { data::loader(f.split, c); }), Catch::Contains("none of its 45 examples"));
+  CHECK_THAT(message_of<etude::error>([&] { data::loader(f.split, c); }), Catch::Contains("none of its 45 examples"));
 }
 
 TEST_CASE("an error on a worker surfaces from next() as the original error", "[loader][bad_input]") {

@@ -13,19 +13,11 @@
 
 using etude::index_t;
 namespace data = etude::data;
+using etude::test::message_of;
 using etude::test::scratch_dir;
 using json = nlohmann::ordered_json;
 
 namespace {
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const etude::data_error& e) {
-    return e.what();
-  }
-  return "(no data_error thrown)";
-}
 
 data::manifest fixed_manifest() {
   data::manifest m;

@@ -9,19 +9,11 @@
 #include "support.hpp"
 
 namespace data = etude::data;
+using etude::test::message_of;
 using etude::test::scratch_dir;
 using etude::test::write_npy;
 
 namespace {
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const etude::data_error& e) {
-    return e.what();
-  }
-  return "(no data_error thrown)";
-}
 
 template <class T>
 void round_trip(const std::string& descr, int major) {

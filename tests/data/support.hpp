@@ -7,14 +7,28 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <etude/core/rng.hpp>
+#include <etude/data/error.hpp>
 #include <etude/data/manifest.hpp>
 #include <etude/data/shard_writer.hpp>
 
 namespace etude::test {
+
+// The message of the E (by default etude::data_error) f throws, or a marker when it throws none.
+template <class E = etude::data_error>
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no matching error thrown)";
+}
+
 
 namespace fs = std::filesystem;
 
