@@ -6,13 +6,15 @@
 //   - `codebooks`: the K it is written for, or 0 when it adapts to any K;
 //   - `accepts(K)`: whether it can serve K codebooks;
 //   - `steps(K, T)`: the trained sequence length S (constexpr, used by memory plans);
-//   - `layout(K, T)`: the full layout, steps of (frame, codebook) coordinates (host only).
+//   - `layout(K, T)`: the full layout, steps of (frame, codebook) coordinates (host only);
+//   - `describe()`: its spelling, e.g. "delay<0, 1, 2, 3>", for run records (host only).
 // Build/revert tables are derived from the layout once per T, in model/pattern_plan.hpp.
 // Not for: validation against a shape (etude::model does that) or any tensor work.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <string>
 #include <vector>
 
 #include "etude/core/types.hpp"
@@ -28,6 +30,14 @@ using step_coords = std::vector<coord>;
 using layout_t = std::vector<step_coords>;
 
 namespace detail {
+template <int... V>
+std::string list(const char* kind) {
+  std::string s = kind;
+  s += '<';
+  bool first = true;
+  ((s += (first ? "" : ", ") + std::to_string(V), first = false), ...);
+  return s + '>';
+}
 template <int... V>
 constexpr int max_of() {
   int m = 0;
@@ -52,6 +62,7 @@ struct delay {
 
   static constexpr bool accepts(int k) { return k == codebooks; }
   static constexpr index_t steps(int /*k*/, index_t t) { return t + 1; }
+  static std::string describe() { return detail::list<Delays...>("delay"); }
 
   static layout_t layout(int k, index_t t) {
     layout_t out(1);
@@ -70,6 +81,7 @@ struct parallel {
   static constexpr int codebooks = 0;
   static constexpr bool accepts(int k) { return k > 0; }
   static constexpr index_t steps(int /*k*/, index_t t) { return t + 1; }
+  static std::string describe() { return "parallel"; }
   static layout_t layout(int k, index_t t) {
     layout_t out(1);
     for (index_t f = 0; f < t; ++f) {
@@ -102,6 +114,7 @@ struct grouped {
 
   static constexpr bool accepts(int k) { return k == codebooks; }
   static constexpr index_t steps(int /*k*/, index_t t) { return t * group_count + 1; }
+  static std::string describe() { return detail::list<Groups...>("grouped"); }
   static layout_t layout(int k, index_t t) {
     layout_t out(1);
     for (index_t f = 0; f < t; ++f)
@@ -120,6 +133,7 @@ struct flatten {
   static constexpr int codebooks = 0;
   static constexpr bool accepts(int k) { return k > 0; }
   static constexpr index_t steps(int k, index_t t) { return t * k + 1; }
+  static std::string describe() { return "flatten"; }
   static layout_t layout(int k, index_t t) {
     layout_t out(1);
     for (index_t f = 0; f < t; ++f)
@@ -145,6 +159,7 @@ struct coarse_first {
 
   static constexpr bool accepts(int k) { return codebooks == 0 ? k > 0 : k == codebooks; }
   static constexpr index_t steps(int /*k*/, index_t t) { return 2 * t + 1; }
+  static std::string describe() { return detail::list<Delays...>("coarse_first"); }
   static layout_t layout(int k, index_t t) {
     constexpr std::array<int, sizeof...(Delays) + 1> given{Delays..., 0};
     auto delay_of = [&](int q) { return sizeof...(Delays) == 0 ? 0 : given[static_cast<std::size_t>(q)]; };
@@ -169,6 +184,7 @@ struct musiclm {
   static constexpr int group_by = GroupBy;
   static constexpr bool accepts(int k) { return k > 0 && k % GroupBy == 0; }
   static constexpr index_t steps(int k, index_t t) { return t * k + 1; }
+  static std::string describe() { return detail::list<GroupBy>("musiclm"); }
   static layout_t layout(int k, index_t t) {
     layout_t out(1);
     for (int offset = 0; offset < k; offset += GroupBy)
