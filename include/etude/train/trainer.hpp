@@ -5,6 +5,7 @@
 // Not for: data loading, checkpoint files or run records (data/, io/, track/ build on it).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -115,6 +116,26 @@ class trainer {
   std::span<const value_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   long steps_done() const { return step_; }
   const hyper& hyperparameters() const { return hyper_; }
+  static constexpr int optimizer_state_count = Config::optimizer::state_tensors;
+
+  // Puts the trainer in a saved state: the update count, the parameters and the optimiser's
+  // state buffers (flat, in parameter-table order, as parameters() and optimizer_state() give
+  // them). Checks every size first and changes nothing when one is wrong.
+  void restore(long step, std::span<const value_type> params, std::span<const value_type> state1,
+               std::span<const value_type> state2 = {}) {
+    const auto n = static_cast<std::size_t>(params::total_floats);
+    const bool two = optimizer_state_count > 1;
+    if (step < 0 || params.size() != n || state1.size() != n || (two ? state2.size() != n : !state2.empty()))
+      throw invalid_input("trainer::restore: expected step >= 0 and " + std::to_string(optimizer_state_count + 1) +
+                          " buffers of " + std::to_string(n) + " values; got step " + std::to_string(step) +
+                          " and buffers of " + std::to_string(params.size()) + ", " + std::to_string(state1.size()) +
+                          ", " + std::to_string(state2.size()) + ": the checkpoint belongs to another model");
+    std::copy(params.begin(), params.end(), params_.begin());
+    std::copy(state1.begin(), state1.end(), state1_.begin());
+    if (two) std::copy(state2.begin(), state2.end(), state2_.begin());
+    Backend::fill_zero(grads_.data(), params::total_floats);
+    step_ = step;
+  }
 
  private:
   static std::span<value_type> span_of(buffer<value_type>& b) { return {b.data(), static_cast<std::size_t>(b.size())}; }
