@@ -3,9 +3,12 @@
 // sixteenth-note grid, 64-token vocabulary; docs/chorales.md), or with --synthetic on generated
 // tokens whose entropy is known. Prints a progress line (step, loss per codebook, tokens/s, ETA),
 // validates every --valid-every steps next to the unigram baseline, and writes metrics into a
-// run directory. Exits 0 only if the final validation loss is below the unigram baseline.
+// run directory (metrics.jsonl, TensorBoard events, run.json, checkpoints). A second invocation
+// with the same run directory resumes from its newest good checkpoint, bit-identically.
+// Exits 0 only if the final validation loss is below the unigram baseline.
 //   train_tiny [--data DIR] [--synthetic] [--steps N] [--batch B] [--frames T] [--lr LR]
-//              [--valid-every N] [--workers N] [--seed S] [--run-dir DIR]
+//              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
+//              [--run-dir DIR] [--fresh] [--stop-after N]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +24,9 @@
 #include <etude/data/loader.hpp>
 #include <etude/data/synthetic.hpp>
 #include <etude/etude.hpp>
+#include <etude/io/checkpoint.hpp>
+#include <etude/track/metrics_log.hpp>
+#include <etude/track/tensorboard.hpp>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -44,9 +50,12 @@ struct options {
   etude::index_t frames = 64;
   double lr = 1e-3;
   long valid_every = 100;
+  long checkpoint_every = 100;
+  long stop_after = 0;  // stop (as if interrupted) after this many steps of this invocation
+  bool fresh = false;   // ignore and remove what the run directory holds
   int workers = 1;
   unsigned long long seed = 42;
-  fs::path run_dir;
+  fs::path run_dir = "runs/tiny";
 };
 
 options parse(int argc, char** argv) {
@@ -64,17 +73,21 @@ options parse(int argc, char** argv) {
     else if (a == "--frames") o.frames = std::stol(value());
     else if (a == "--lr") o.lr = std::stod(value());
     else if (a == "--valid-every") o.valid_every = std::stol(value());
+    else if (a == "--checkpoint-every") o.checkpoint_every = std::stol(value());
+    else if (a == "--stop-after") o.stop_after = std::stol(value());
+    else if (a == "--fresh") o.fresh = true;
     else if (a == "--workers") o.workers = std::stoi(value());
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--run-dir") o.run_dir = value();
     else
       throw etude::invalid_argument("unknown option " + a +
                                     " (use --data, --synthetic, --steps, --batch, --frames, --lr, --valid-every, "
-                                    "--workers, --seed, --run-dir)");
+                                    "--checkpoint-every, --workers, --seed, --run-dir, --fresh, --stop-after)");
   }
-  if (o.steps < 1 || o.batch < 2 || o.batch % cfg::microbatches != 0 || o.frames < 2 || o.valid_every < 1)
-    throw etude::invalid_argument("need --steps >= 1, an even --batch >= 2, --frames >= 2 and --valid-every >= 1");
-  if (o.run_dir.empty()) o.run_dir = fs::path("runs") / ("tiny-" + std::to_string(std::time(nullptr)));
+  if (o.steps < 1 || o.batch < 2 || o.batch % cfg::microbatches != 0 || o.frames < 2 || o.valid_every < 1 ||
+      o.checkpoint_every < 1 || o.stop_after < 0)
+    throw etude::invalid_argument("need --steps >= 1, an even --batch >= 2, --frames >= 2, --valid-every >= 1, "
+                                  "--checkpoint-every >= 1 and --stop-after >= 0");
   return o;
 }
 
@@ -155,6 +168,37 @@ json stats_json(const etude::eval_stats& s) {
   return {{"ce", s.ce}, {"ppl", s.ppl}, {"ce_q", s.ce_q}, {"ppl_q", s.ppl_q}, {"tokens", s.tokens}};
 }
 
+// The run record: what the seeds' experiment-tracking list asks for, as far as this job knows it.
+json run_record(const options& o, const etude::trainer<cfg>& trainer, const json& data, const std::string& status,
+                const json& summary, const std::vector<std::string>& checkpoints) {
+  json r;
+  r["run_id"] = o.run_dir.filename().string();
+  r["parent_run"] = nullptr;
+  r["code_commit"] = etude::io::code_version();
+  r["etude_version"] = etude::version_string;
+  r["configuration"] = etude::io::describe_run(trainer);
+  r["data"] = data;
+  r["batch"] = {{"batch", o.batch}, {"frames", o.frames}, {"microbatches", cfg::microbatches}};
+  r["precision"] = cfg::precision::name;
+  r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
+  r["hardware"] = {{"backend", etude::backend::cpu::name}, {"threads", etude::backend::cpu::threads()},
+                   {"loader_workers", o.workers}};
+  r["seeds"] = {{"init", o.seed}, {"data", o.seed}};
+  r["status"] = status;
+  r["summary"] = summary;
+  r["checkpoints"] = checkpoints;
+  r["samples"] = json::array();
+  r["notes"] = "";
+  return r;
+}
+
+void write_json(const fs::path& file, const json& j) {
+  const std::string text = j.dump(2) + "\n";
+  etude::data::detail::atomic_file f(file);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -166,22 +210,41 @@ int main(int argc, char** argv) try {
   h.seed = o.seed;
   etude::trainer<cfg> trainer{h};
 
+  if (o.fresh) fs::remove_all(o.run_dir);
+  fs::create_directories(o.run_dir);
+  etude::io::checkpoint_manager checkpoints(o.run_dir / "checkpoints", {.keep_last = 2, .milestone_every = 0,
+                                                                         .keep_best = true});
+  std::optional<etude::io::run_state> resumed;
+  if (auto latest = checkpoints.latest()) {
+    resumed = etude::io::restore(trainer, *latest);
+    std::printf("resuming %s from %s at step %ld\n", o.run_dir.string().c_str(), latest->path().string().c_str(),
+                trainer.steps_done());
+  }
+
   // --- data: the chorales through the loader, or the synthetic corpus ---------------------------
   std::optional<etude::data::dataset> dataset;
   std::optional<etude::data::loader> train_loader;
   std::optional<etude::data::synthetic_tokens> synthetic;
   validation_set valid;
   std::string data_name;
+  json data_record;
   auto counts = unigram_counts(tiny.card);
   if (o.synthetic) {
     synthetic.emplace(etude::data::synthetic_config{.codebooks = 4, .card = tiny.card, .states = 16, .branching = 2});
     data_name = "synthetic (known entropy rate)";
+    data_record = {{"name", "synthetic"}, {"entropy_rate", synthetic->entropy_rate()}};
     for (int i = 0; i < 4; ++i) valid.batches.push_back(synthetic->sample(o.batch, o.frames, (1u << 30) + i));
     for (int i = 0; i < 16; ++i) count_unigrams(counts, synthetic->sample(o.batch, o.frames, (1u << 29) + i));
   } else {
     dataset.emplace(o.data / "manifest.json");
     const auto& m = dataset->description();
     data_name = m.name + " v" + m.version + " (" + o.data.string() + ")";
+    data_record = {{"name", m.name},
+                   {"version", m.version},
+                   {"manifest", o.data.string()},
+                   {"codec", {{"name", m.codec.name}, {"version", m.codec.version}}},
+                   {"train_fingerprint", dataset->fingerprint("train")},
+                   {"valid_fingerprint", dataset->fingerprint("valid")}};
     etude::data::loader_config lc;
     lc.batch_size = o.batch;
     lc.segment_frames = o.frames;
@@ -190,7 +253,9 @@ int main(int argc, char** argv) try {
     lc.codebooks = tiny.codebooks;
     lc.card = tiny.card;
     lc.tail = etude::data::last_batch::drop;  // every step sees a full batch
-    train_loader.emplace(dataset->split("train"), lc);
+    std::optional<etude::data::loader_state> loader_state;
+    if (resumed && !resumed->loader.is_null()) loader_state = resumed->loader.get<etude::data::loader_state>();
+    train_loader.emplace(dataset->split("train"), lc, loader_state);
     // unigrams from one full pass over the training split, cropped like training
     {
       auto one_pass = lc;
@@ -218,10 +283,14 @@ int main(int argc, char** argv) try {
                                  " frames: use a smaller --batch or --frames");
   }
   score_unigrams(valid, counts, o.frames);
+  data_record["unigram_baseline"] = valid.unigram;
 
-  fs::create_directories(o.run_dir);
-  std::ofstream metrics(o.run_dir / "metrics.jsonl");
-  if (!metrics) throw etude::error("cannot write " + (o.run_dir / "metrics.jsonl").string());
+  // the metrics of a resumed run continue from its checkpoint: later lines are dropped
+  auto metrics = resumed ? etude::track::metrics_log::resume(o.run_dir / "metrics.jsonl", trainer.steps_done())
+                         : etude::track::metrics_log(o.run_dir / "metrics.jsonl");
+  etude::track::tensorboard_writer board(o.run_dir / "tensorboard");
+  std::vector<std::string> saved;
+  write_json(o.run_dir / "run.json", run_record(o, trainer, data_record, "running", json::object(), saved));
 
   std::printf("etude %s | tiny: K=4 C=%d dim 256, 4 layers, 4 heads, delay pattern | %lld parameters\n",
               etude::version_string, tiny.card, static_cast<long long>(lm::params::parameter_count()));
@@ -230,42 +299,72 @@ int main(int argc, char** argv) try {
               "directory %s\n",
               static_cast<long long>(o.batch), static_cast<long long>(o.frames), o.lr, o.steps,
               etude::backend::cpu::threads(), o.run_dir.string().c_str());
-  const auto before = validate(trainer, valid);
-  std::printf("valid before training: ce %.3f | unigram baseline %.3f |%s\n", before.ce, valid.unigram,
-              per_codebook(valid.unigram_ce).c_str());
+  etude::eval_stats last_valid = validate(trainer, valid);
+  std::printf("valid at step %ld: ce %.3f | unigram baseline %.3f |%s\n", trainer.steps_done(), last_valid.ce,
+              valid.unigram, per_codebook(valid.unigram_ce).c_str());
+
+  auto checkpoint = [&](bool async) {
+    etude::io::run_state rs;
+    if (train_loader) rs.loader = train_loader->state();
+    rs.valid_ce = last_valid.ce;
+    if (async) checkpoints.save_async(trainer, rs);
+    else checkpoints.save(trainer, rs);
+    saved.push_back((checkpoints.directory() / etude::io::detail::checkpoint_name(trainer.steps_done())).string());
+  };
 
   const auto start = std::chrono::steady_clock::now();
+  const long first = trainer.steps_done();
   double frames_done = 0;
-  etude::eval_stats last_valid = before;
-  for (long s = 0; s < o.steps; ++s) {
+  while (trainer.steps_done() < o.steps) {
+    const long s = trainer.steps_done();
     const etude::token_batch batch =
         synthetic ? synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s)) : *train_loader->next();
     const auto st = trainer.step(batch);
     frames_done += static_cast<double>(st.frames);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    metrics << json{{"step", st.step}, {"ce", st.ce}, {"ce_q", st.ce_q}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                    {"tokens", st.tokens}, {"seconds", sec}}.dump()
-            << '\n';
-    if (st.step % 10 == 0 || st.step == 1 || st.step == o.steps)
+    metrics.write({.step = st.step,
+                   .scalars = {{"ce", st.ce}, {"ppl", st.ppl}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
+                               {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
+                   .arrays = {{"ce_q", st.ce_q}},
+                   .labels = {{"split", "train"}}});
+    board.scalars({{"train/ce", st.ce}, {"train/ppl", st.ppl}, {"train/lr", st.lr}, {"train/grad_norm", st.grad_norm}},
+                  st.step);
+    const long done_here = st.step - first;
+    if (st.step % 10 == 0 || done_here == 1 || st.step == o.steps)
       std::printf("step %4ld  ce %.3f |%s | lr %.2e  grad_norm %.3f  %.0f tok/s  eta %.0f s\n", st.step, st.ce,
                   per_codebook(st.ce_q).c_str(), st.lr, st.grad_norm, frames_done / sec,
-                  sec / static_cast<double>(st.step) * static_cast<double>(o.steps - st.step));
+                  sec / static_cast<double>(done_here) * static_cast<double>(o.steps - st.step));
     if (st.step % o.valid_every == 0 || st.step == o.steps) {
       last_valid = validate(trainer, valid);
       std::printf("valid at step %ld: ce %.3f (unigram baseline %.3f) |%s\n", st.step, last_valid.ce, valid.unigram,
                   per_codebook(last_valid.ce_q).c_str());
-      json line = stats_json(last_valid);
-      line["step"] = st.step;
-      line["split"] = "valid";
-      line["unigram_ce"] = valid.unigram;
-      metrics << line.dump() << '\n';
+      metrics.write({.step = st.step,
+                     .scalars = {{"ce", last_valid.ce}, {"ppl", last_valid.ppl}, {"unigram_ce", valid.unigram}},
+                     .arrays = {{"ce_q", last_valid.ce_q}},
+                     .labels = {{"split", "valid"}}});
+      board.scalars({{"valid/ce", last_valid.ce}, {"valid/unigram_ce", valid.unigram}}, st.step);
     }
+    const bool stopping = o.stop_after > 0 && done_here >= o.stop_after;
+    if (st.step % o.checkpoint_every == 0 || st.step == o.steps || stopping) checkpoint(!stopping && st.step != o.steps);
     std::fflush(stdout);
+    if (stopping) {
+      checkpoints.wait();
+      board.close();
+      write_json(o.run_dir / "run.json", run_record(o, trainer, data_record, "interrupted",
+                                                    {{"step", st.step}, {"train_ce", st.ce}}, saved));
+      std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
+      return 0;
+    }
   }
-  metrics.flush();
+  checkpoints.wait();
+  board.close();
   const bool learned = last_valid.ce < valid.unigram;
-  std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); metrics in %s\n", last_valid.ce, valid.unigram,
-              learned ? "below" : "NOT below", (o.run_dir / "metrics.jsonl").string().c_str());
+  write_json(o.run_dir / "run.json",
+             run_record(o, trainer, data_record, "finished",
+                        {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid.unigram}},
+                        saved));
+  std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
+              learned ? "below" : "NOT below", (o.run_dir / "run.json").string().c_str());
   return learned ? 0 : 1;
 } catch (const etude::error& e) {
   std::fprintf(stderr, "train_tiny: %s\n", e.what());
