@@ -183,6 +183,9 @@ json run_record(const options& o, const etude::trainer<cfg>& trainer, const json
   r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
   r["hardware"] = {{"backend", etude::backend::cpu::name}, {"threads", etude::backend::cpu::threads()},
                    {"loader_workers", o.workers}};
+  const auto& m = trainer.memory();
+  r["memory_bytes"] = {{"allocated", m.allocated}, {"reserved", m.reserved}, {"peak_allocated", m.peak_allocated},
+                       {"peak_reserved", m.peak_reserved}};
   r["seeds"] = {{"init", o.seed}, {"data", o.seed}};
   r["status"] = status;
   r["summary"] = summary;

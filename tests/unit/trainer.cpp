@@ -302,3 +302,21 @@ TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
   h.lr = -1;
   CHECK_THROWS_AS(trainer_t{h}, etude::invalid_argument);
 }
+
+TEST_CASE("memory report: allocated against reserved, and their peaks", "[step][memory]") {
+  etude::trainer<etude::train_config<lm>> tr;
+  const auto small = tr.step(random_batch(2, 8, 50)).memory;
+  const etude::index_t state = 3 * lm::params::total_floats * static_cast<etude::index_t>(sizeof(float));
+  CHECK(small.allocated > state);  // parameters, gradients, two moments (- one buffer: AdamW has m and v)
+  CHECK(small.reserved >= small.allocated);
+  tr.evaluate(random_batch(6, 20, 51));  // grows the workspaces
+  const auto grown = tr.memory();
+  CHECK(grown.peak_allocated > small.allocated);
+  CHECK(grown.reserved > small.reserved);
+  const auto again = tr.step(random_batch(2, 8, 52)).memory;
+  CHECK(again.allocated == small.allocated);  // the same batch uses the same bytes...
+  CHECK(again.reserved > small.reserved);     // ...of workspaces that stay grown (the position table
+  CHECK(again.reserved <= grown.reserved);    // follows the sequence length)
+  CHECK(again.peak_allocated == grown.peak_allocated);
+  CHECK(again.peak_reserved == grown.peak_reserved);
+}

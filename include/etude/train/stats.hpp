@@ -18,6 +18,16 @@ struct eval_stats {
   index_t frames = 0;              // B·T frames consumed
 };
 
+// Host or device memory of a trainer, as the seeds distinguish it: bytes in live tensors
+// (allocated) against bytes held by the trainer's buffers (reserved), and the peaks of both.
+// Buffers grow to the largest batch seen and are then reused, so reserved can exceed allocated.
+struct memory_stats {
+  index_t allocated = 0;
+  index_t reserved = 0;
+  index_t peak_allocated = 0;
+  index_t peak_reserved = 0;
+};
+
 struct step_stats : eval_stats {
   long step = 0;           // updates done after this one
   double lr = 0.0;         // learning rate used by this update
@@ -25,6 +35,7 @@ struct step_stats : eval_stats {
   double clip_coef = 1.0;  // factor applied to the gradients (1 when not clipped)
   double scale = 1.0;      // loss scale (fp16 policies); 1 otherwise
   bool skipped = false;    // update skipped (fp16 overflow); never for fp32
+  memory_stats memory;     // after this step
 };
 
 }  // namespace etude

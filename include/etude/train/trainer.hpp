@@ -72,6 +72,7 @@ class trainer {
     update(st.lr, static_cast<value_type>(st.clip_coef));
     Backend::fill_zero(grads_.data(), params::total_floats);
     st.step = step_;
+    st.memory = memory_;
     return st;
   }
 
@@ -115,6 +116,11 @@ class trainer {
   std::span<value_type> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
   std::span<const value_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   long steps_done() const { return step_; }
+
+  // Memory of the training state and workspaces (see memory_stats): allocated counts what the
+  // last step or evaluation used, reserved what the buffers hold.
+  const memory_stats& memory() const { return memory_; }
+
   const hyper& hyperparameters() const { return hyper_; }
   static constexpr int optimizer_state_count = Config::optimizer::state_tensors;
 
@@ -228,6 +234,7 @@ class trainer {
     if (const index_t need = Backend::attention_scratch(steps); need > attn_.size()) attn_.resize(need);
     seq_.resize(static_cast<std::size_t>(rows * K));
     target_.resize(static_cast<std::size_t>(rows * K));
+    note_memory(rows, Backend::attention_scratch(steps));
     for (index_t e = 0; e < nb; ++e)
       for (int k = 0; k < K; ++k)
         for (index_t s = 0; s < steps; ++s) {
@@ -346,7 +353,21 @@ class trainer {
     return {};
   }
 
+  // Bytes in use for `rows` positions, against what the buffers hold.
+  void note_memory(index_t rows, index_t attn_used) {
+    const auto bytes = [](index_t floats) { return floats * static_cast<index_t>(sizeof(value_type)); };
+    const index_t state = bytes(params_.size() + grads_.size() + state1_.size() + state2_.size());
+    const index_t tokens = static_cast<index_t>((seq_.capacity() + target_.capacity()) * sizeof(token_t));
+    memory_.allocated = state + bytes(rows * (acts::row_floats + transformer_scratch<S, value_type>::row_floats) +
+                                      attn_used + pos_.size()) +
+                        static_cast<index_t>((seq_.size() + target_.size()) * sizeof(token_t));
+    memory_.reserved = state + bytes(act_.size() + scratch_.size() + attn_.size() + pos_.size()) + tokens;
+    memory_.peak_allocated = std::max(memory_.peak_allocated, memory_.allocated);
+    memory_.peak_reserved = std::max(memory_.peak_reserved, memory_.reserved);
+  }
+
   hyper hyper_;
+  memory_stats memory_;
   long step_ = 0;
   buffer<value_type> params_, grads_, state1_, state2_;
   buffer<value_type> act_, scratch_, pos_, attn_;
