@@ -323,6 +323,7 @@ int main(int argc, char** argv) try {
     const etude::token_batch batch =
         synthetic ? synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s)) : *train_loader->next();
     const auto st = trainer.step(batch);
+    checkpoints.poll();  // a failed background save stops the run here, with its error
     frames_done += static_cast<double>(st.frames);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     metrics.write({.step = st.step,

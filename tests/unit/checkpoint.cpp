@@ -3,7 +3,9 @@
 // retention keeps what it promises, asynchronous saves write what a synchronous one would.
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdio>
+#include <sys/resource.h>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -182,4 +184,49 @@ TEST_CASE("weights-only files load into a fresh run for fine-tuning", "[checkpoi
   using bigger = etude::model<etude::shape{.codebooks = 4, .card = 32, .dim = 64, .heads = 2, .layers = 2, .max_len = 64}>;
   etude::trainer<etude::train_config<bigger>> wrong{h};
   CHECK_THROWS_AS(etude::io::load_weights(wrong, dir.path() / "weights.safetensors"), etude::error);
+}
+
+TEST_CASE("a failed write (file size limit as a full disk) leaves the previous checkpoint intact", "[checkpoint]") {
+  etude::test::scratch_dir dir;
+  trainer_t t{hyper()};
+  etude::io::checkpoint_manager m(dir.path(), {}, collect);
+  t.step(batch_for(0));
+  const auto good = m.save(t, {});
+  const auto good_size = fs::file_size(good);
+  t.step(batch_for(1));
+  // the kernel refuses writes beyond RLIMIT_FSIZE with EFBIG, as a full disk refuses with ENOSPC
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = static_cast<rlim_t>(good_size / 2);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string message;
+  try {
+    m.save(t, {});
+  } catch (const etude::error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous_handler);
+  CHECK_THAT(message, Catch::Contains("write failed") && Catch::Contains("disk space"));
+  // the previous checkpoint is still the latest, whole and verified; no partial file is visible
+  const auto latest = m.latest();
+  REQUIRE(latest);
+  CHECK(latest->step() == 1);
+  CHECK(!fs::exists(dir.path() / "ckpt-000000002.safetensors"));
+  // the same failure on a background save surfaces at the next poll or save
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::signal(SIGXFSZ, SIG_IGN);
+  m.save_async(t, {});
+  std::string async_message;
+  try {
+    m.wait();
+  } catch (const etude::error& e) {
+    async_message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous_handler);
+  CHECK_THAT(async_message, Catch::Contains("write failed"));
+  CHECK(m.latest()->step() == 1);
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -299,13 +300,21 @@ class checkpoint_manager {
   void save_async(Trainer& t, const run_state& rs) {
     wait();
     auto snap = std::make_shared<checkpoint_snapshot>(take_snapshot(t, rs));
+    done_ = false;
     worker_ = std::thread([this, snap] {
       try {
         commit(*snap);
       } catch (...) {
         failure_ = std::current_exception();
       }
+      done_ = true;
     });
+  }
+
+  // Cheap check for the training loop, once a step: if a background save has finished, collects
+  // it and rethrows its error, so a failed save is reported at the next step, not much later.
+  void poll() {
+    if (worker_.joinable() && done_) wait();
   }
 
   // Waits for a background save; rethrows its error.
@@ -412,6 +421,7 @@ class checkpoint_manager {
   std::function<void(const std::string&)> warn_;
   std::thread worker_;
   std::exception_ptr failure_;
+  std::atomic<bool> done_{true};
 };
 
 // Weights only, for generation or fine-tuning: one safetensors file with the table's tensor
