@@ -210,6 +210,10 @@ class checkpoint_file {
     state_ = json::parse(state->second);
     if (state_.value("format", "") != "etude.checkpoint")
       throw checkpoint_error(file.string() + ": etude.state is not an etude checkpoint state");
+    // step() must not throw a json exception later: a checksum-valid state without an integer step
+    // (hand-edited and re-hashed) is refused here, where the caller expects refusals.
+    if (!state_.contains("step") || !state_["step"].is_number_integer() || state_["step"].get<std::int64_t>() < 0)
+      throw checkpoint_error(file.string() + ": etude.state has no non-negative integer \"step\"");
   } catch (const checkpoint_error&) {
     throw;
   } catch (const error& e) {
