@@ -3,8 +3,8 @@
 #
 #   tests/fuzz/run.sh [seconds per target (10)] [build dir (build/fuzz)]
 #
-# Seeds are valid files written by etude's own writers (make_corpus.cpp) plus the chorales
-# manifest; each target runs on its corpus under <build dir>/corpus/<target>, which keeps what it
+# Seeds are valid files written by etude's own writers (make_corpus.cpp), the chorales manifest
+# and the regression inputs committed under tests/fuzz/corpus/<target>; each target runs on its corpus under <build dir>/corpus/<target>, which keeps what it
 # finds between runs. Exits non-zero when any run finds a crash, a sanitizer report, an escaping
 # exception, a timeout or an out-of-memory, and prints the reproducer. Skips (exit 0) when clang++
 # cannot build with -fsanitize=fuzzer. ETUDE_FUZZ_TARGETS picks targets (default: all four);
@@ -62,6 +62,8 @@ for t in $targets; do
   log="$build/logs/$t.log"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
   cp -n "$seeds/$t"/* "$corpus"/
+  # committed regression inputs: each once made a reader fail
+  if [[ -d tests/fuzz/corpus/$t ]]; then cp -n tests/fuzz/corpus/"$t"/* "$corpus"/; fi
   before=$(find "$corpus" -type f | wc -l)
   rc=0
   "$build/fuzz_$t" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
