@@ -5,10 +5,11 @@
 #
 # Seeds are valid files written by etude's own writers (make_corpus.cpp), the chorales manifest
 # and the regression inputs committed under tests/fuzz/corpus/<target>; each target runs on its
-# corpus under <build dir>/corpus/<target>, which keeps what it finds between runs. Exits non-zero when any run finds a crash, a sanitizer report, an escaping
-# exception, a timeout or an out-of-memory, and prints the reproducer. Skips (exit 0) when clang++
-# cannot build with -fsanitize=fuzzer. ETUDE_FUZZ_TARGETS picks targets (default: all four);
-# CXX builds the seed generator (default g++).
+# corpus under <build dir>/corpus/<target>, which keeps what it finds between runs. Exits non-zero
+# when any run finds a crash, a sanitizer report, an escaping exception, a timeout or an
+# out-of-memory, and prints the reproducer. Skips (exit 0) when clang++ cannot build with
+# -fsanitize=fuzzer. ETUDE_FUZZ_TARGETS picks targets (default: all four); CXX builds the seed
+# generator (default g++).
 set -euo pipefail
 
 seconds=${1:-10}
