@@ -4,8 +4,9 @@
 #      compile_fail, example, header self-sufficiency);
 #   2. a second build under AddressSanitizer and UndefinedBehaviorSanitizer running the
 #      unit, parity and example tests;
-#   3. the installed package consumed by find_package, add_subdirectory and FetchContent;
-#   4. the Conan recipe created and its test_package run, offline.
+#   3. libFuzzer harnesses for the safetensors, checkpoint, shard and manifest readers, briefly;
+#   4. the installed package consumed by find_package, add_subdirectory and FetchContent;
+#   5. the Conan recipe created and its test_package run, offline.
 # Usage: tests/run.sh [build root]   (default: build/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,9 @@ cmake -S "$root" -B "$out/sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETUDE_SA
 cmake --build "$out/sanitize" -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$out/sanitize" --output-on-failure -j "$jobs" -L "unit|parity|example"
+
+step "fuzzing: each reader for a few seconds (tests/fuzz/run.sh; longer runs by hand)"
+"$root/tests/fuzz/run.sh" "${ETUDE_FUZZ_SECONDS:-5}" "$out/fuzz"
 
 step "package consumers"
 "$root/tests/package/run.sh" "$out/release"
