@@ -259,25 +259,21 @@ int main(int argc, char** argv) try {
     std::optional<etude::data::loader_state> loader_state;
     if (resumed && !resumed->loader.is_null()) loader_state = resumed->loader.get<etude::data::loader_state>();
     train_loader.emplace(dataset->split("train"), lc, loader_state);
-    // unigrams from one full pass over the training split, cropped like training
+    // one deterministic pass over a split: every example once, its first segment, no workers
+    auto one_pass = lc;
+    one_pass.epochs = 1;
+    one_pass.shuffle = false;
+    one_pass.crop = etude::data::crop_mode::start;
+    one_pass.tail = etude::data::last_batch::keep;
+    one_pass.workers = 0;
     {
-      auto one_pass = lc;
-      one_pass.epochs = 1;
-      one_pass.shuffle = false;
-      one_pass.crop = etude::data::crop_mode::start;
-      one_pass.tail = etude::data::last_batch::keep;
-      one_pass.workers = 0;
-      one_pass.on_notice = [](const std::string&) {};
-      etude::data::loader pass(dataset->split("train"), one_pass);
+      // unigrams from the training split
+      auto quiet = one_pass;
+      quiet.on_notice = [](const std::string&) {};
+      etude::data::loader pass(dataset->split("train"), quiet);
       while (auto b = pass.next()) count_unigrams(counts, *b);
     }
-    auto vc = lc;
-    vc.epochs = 1;
-    vc.shuffle = false;
-    vc.crop = etude::data::crop_mode::start;
-    vc.tail = etude::data::last_batch::keep;
-    vc.workers = 0;
-    etude::data::loader vl(dataset->split("valid"), vc);
+    etude::data::loader vl(dataset->split("valid"), one_pass);
     while (auto b = vl.next())
       if (b->batch % cfg::microbatches == 0) valid.batches.push_back(*b);
     if (valid.batches.empty())

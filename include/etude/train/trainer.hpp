@@ -96,7 +96,7 @@ class trainer {
     for (index_t b0 = 0; b0 < batch.batch; b0 += chunk) {
       const index_t nb = std::min(chunk, batch.batch - b0);
       prepare(batch, plan, b0, nb);
-      for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += target_count(k, nb * plan.steps);
+      for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += valid_targets(batch, plan, b0, nb, k);
       net::forward(params_.data(), act_.data(), seq_.data(), pos_.data(), nb, plan.steps, attn_.data(), attn_.size());
       for (int k = 0; k < K; ++k)
         sums[static_cast<std::size_t>(k)] += net::head(params_.data(), grads_.data(), act_.data(),
@@ -246,9 +246,13 @@ class trainer {
         }
   }
 
-  index_t target_count(int k, index_t rows) const {
+  // Valid target tokens of codebook k in examples [b0, b0 + nb): frames some logit step predicts
+  // (the pattern mask) that are not padding. Read from the batch, without building sequences.
+  static index_t valid_targets(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb, int k) {
     index_t n = 0;
-    for (index_t r = 0; r < rows; ++r) n += target_[static_cast<std::size_t>(k * rows + r)] >= 0;
+    for (index_t e = b0; e < b0 + nb; ++e)
+      for (index_t s = 0; s < plan.steps; ++s)
+        if (const index_t t = plan.target_at(k, s); t >= 0 && b.valid(e, k, t)) ++n;
     return n;
   }
 
@@ -261,10 +265,8 @@ class trainer {
     const index_t nb = batch.batch / microbatches, rows = nb * plan.steps;
     // valid target tokens per (microbatch, codebook), needed before any backward for the weights
     std::vector<index_t> counts(static_cast<std::size_t>(microbatches * K));
-    for (int m = 0; m < microbatches; ++m) {
-      prepare(batch, plan, m * nb, nb);
-      for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(m * K + k)] = target_count(k, rows);
-    }
+    for (int m = 0; m < microbatches; ++m)
+      for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(m * K + k)] = valid_targets(batch, plan, m * nb, nb, k);
     std::vector<index_t> totals(K, 0);
     for (int m = 0; m < microbatches; ++m)
       for (int k = 0; k < K; ++k) totals[static_cast<std::size_t>(k)] += counts[static_cast<std::size_t>(m * K + k)];
