@@ -2,6 +2,8 @@
 // one row per token position (B·S rows), so a slot is just a width in floats; the trainer lays
 // the buffer out from this table, and the memory plan counts the same declarations. An
 // activation-checkpoint policy decides per slot what is kept and what is recomputed.
+// activation_layout turns the table, a checkpoint policy and the storage dtypes into byte
+// offsets: the trainer's arena and the memory plan both read them.
 #pragma once
 
 #include <array>
@@ -82,6 +84,75 @@ struct activation_table {
     index_t w = 0;
     for (std::size_t i = 0; i < static_cast<std::size_t>(s); ++i) w += width(static_cast<final_slot>(i));
     return rows * (layer_width() * S.layers + w);
+  }
+};
+
+// Per-row statistics (LayerNorm mean and 1/std, attention log-sum-exp) stay in the compute type
+// whatever the activation dtype; everything else is stored as the policy's activation_t.
+constexpr bool is_statistic(layer_slot s) {
+  return s == layer_slot::ln1_mean || s == layer_slot::ln1_rstd || s == layer_slot::att_lse ||
+         s == layer_slot::ln2_mean || s == layer_slot::ln2_rstd;
+}
+constexpr bool is_statistic(final_slot s) { return s == final_slot::lnf_mean || s == final_slot::lnf_rstd; }
+
+// Byte layout of the activations for `rows` token positions under checkpoint policy Ckpt
+// (config/checkpointing.hpp: recompute_layer(l), keeps(slot)). Two regions:
+//   saved: per layer, the slots kept for backward, then the final slots;
+//   work:  the slots of one layer that are not kept, reused layer after layer (forward writes
+//          them there and moves on; backward recomputes them there before it needs them).
+// Every slot starts on a 64-byte boundary.
+template <shape S, class Act, class Stat, class Ckpt>
+struct activation_layout {
+  using table = activation_table<S>;
+  static constexpr index_t alignment = 64;
+  static constexpr index_t round_up(index_t bytes) { return (bytes + alignment - 1) / alignment * alignment; }
+
+  static constexpr bool kept(layer_slot s, int layer) {
+    return Ckpt::recompute_layer(layer) ? s == layer_slot::x_in : Ckpt::keeps(s);
+  }
+  static constexpr index_t bytes(layer_slot s, index_t rows) {
+    return round_up(rows * table::width(s) * static_cast<index_t>(is_statistic(s) ? sizeof(Stat) : sizeof(Act)));
+  }
+  static constexpr index_t bytes(final_slot s, index_t rows) {
+    return round_up(rows * table::width(s) * static_cast<index_t>(is_statistic(s) ? sizeof(Stat) : sizeof(Act)));
+  }
+  static constexpr layer_slot slot(std::size_t i) { return static_cast<layer_slot>(i); }
+
+  // Bytes layer l keeps, and the bytes of its slots that live in the work region.
+  static constexpr index_t layer_saved_bytes(int layer, index_t rows) {
+    index_t b = 0;
+    for (std::size_t i = 0; i < table::layer_slots; ++i)
+      if (kept(slot(i), layer)) b += bytes(slot(i), rows);
+    return b;
+  }
+  static constexpr index_t layer_work_bytes(int layer, index_t rows) {
+    index_t b = 0;
+    for (std::size_t i = 0; i < table::layer_slots; ++i)
+      if (!kept(slot(i), layer)) b += bytes(slot(i), rows);
+    return b;
+  }
+
+  // Offset of slot s of layer l: inside the saved region when kept, else inside the work region.
+  static constexpr index_t offset(layer_slot s, int layer, index_t rows) {
+    index_t b = 0;
+    if (kept(s, layer))
+      for (int l = 0; l < layer; ++l) b += layer_saved_bytes(l, rows);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(s); ++i)
+      if (kept(slot(i), layer) == kept(s, layer)) b += bytes(slot(i), rows);
+    return b;
+  }
+  static constexpr index_t offset(final_slot s, index_t rows) {
+    index_t b = 0;
+    for (int l = 0; l < S.layers; ++l) b += layer_saved_bytes(l, rows);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(s); ++i) b += bytes(static_cast<final_slot>(i), rows);
+    return b;
+  }
+
+  static constexpr index_t saved_bytes(index_t rows) { return offset(static_cast<final_slot>(table::final_slots), rows); }
+  static constexpr index_t work_bytes(index_t rows) {
+    index_t b = 0;
+    for (int l = 0; l < S.layers; ++l) b = layer_work_bytes(l, rows) > b ? layer_work_bytes(l, rows) : b;
+    return b;
   }
 };
 

@@ -34,7 +34,8 @@ struct step_stats : eval_stats {
   double grad_norm = 0.0;  // global gradient norm before clipping
   double clip_coef = 1.0;  // factor applied to the gradients (1 when not clipped)
   double scale = 1.0;      // loss scale (fp16 policies); 1 otherwise
-  bool skipped = false;    // update skipped (fp16 overflow); never for fp32
+  bool skipped = false;    // update skipped (loss-scaled policies: gradients overflowed); never for fp32
+  long skipped_steps = 0;  // updates skipped so far
   memory_stats memory;     // after this step
 };
 

@@ -1,0 +1,150 @@
+// The memory plan: every byte a trainer holds for a configuration, microbatch and sequence
+// length, known at compile time. It is computed from the same tables and layouts the trainer
+// allocates from (the parameter table, the activation layout under the checkpoint policy, the
+// scratch layout, the backend's scratch sizes), so the plan and the allocation cannot drift.
+//
+//   constexpr auto plan = etude::plan_memory<cfg, etude::backend::cpu>(4, 1500);  // b, frames
+//   static_assert(etude::fits<plan, etude::hw::h100_80gb>);                       // config/hardware.hpp
+//   std::cout << plan.table();
+//
+// Components follow the seeds' list: parameters, gradients, optimiser states, activations saved
+// for backward, inputs (the batch's tokens and padding masks, pattern sequences and targets,
+// pattern tables; conditions when the model has them), temporaries (recompute region, backward
+// scratch, attention scratch, positions, gemm workspace), mixed-precision master weights,
+// communication buffers and the allocator reserve.
+// Not for: measuring (trainer::memory() reports what the arena actually holds).
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+#include "etude/core/arena.hpp"
+#include "etude/core/types.hpp"
+#include "etude/model/transformer.hpp"
+
+namespace etude {
+
+struct memory_plan {
+  index_t parameters = 0;        // weights as the passes read them (param_t)
+  index_t master = 0;            // fp32 master weights of mixed policies
+  index_t gradients = 0;         // parameter gradients (grad_t)
+  index_t optimizer_states = 0;  // moments (state_t)
+  index_t activations = 0;       // saved for backward under the checkpoint policy
+  index_t inputs = 0;            // batch tokens + masks, pattern sequences + targets + tables
+  index_t temporaries = 0;       // recompute region, backward scratch, attention, positions, gemm
+  index_t communication = 0;     // gradient all-reduce buffer (world size > 1)
+  index_t reserve = 0;           // held by the backend's allocator beyond the above
+  // what it was planned for
+  index_t microbatch = 0;        // examples per microbatch
+  index_t frames = 0;            // frames per example (T)
+  index_t steps = 0;             // pattern steps (S)
+  index_t accumulation = 1;      // microbatches per optimiser step
+
+  constexpr index_t total() const {
+    return parameters + master + gradients + optimizer_states + activations + inputs + temporaries + communication +
+           reserve;
+  }
+  // Bytes that stay whatever the batch: the training state.
+  constexpr index_t state() const { return parameters + master + gradients + optimizer_states + communication; }
+
+  // A printable table, one component per line, in MiB and as a share of the total.
+  std::string table() const {
+    std::string out;
+    char line[160];
+    const double total_b = static_cast<double>(total());
+    auto row = [&](const char* name, index_t bytes) {
+      std::snprintf(line, sizeof line, "  %-18s %12.1f MiB  %5.1f%%\n", name, static_cast<double>(bytes) / 1048576.0,
+                    total_b > 0 ? 100.0 * static_cast<double>(bytes) / total_b : 0.0);
+      out += line;
+    };
+    std::snprintf(line, sizeof line, "memory plan: microbatch %lld x %lld frames (%lld steps), accumulate %lld\n",
+                  static_cast<long long>(microbatch), static_cast<long long>(frames), static_cast<long long>(steps),
+                  static_cast<long long>(accumulation));
+    out += line;
+    row("parameters", parameters);
+    row("master weights", master);
+    row("gradients", gradients);
+    row("optimizer states", optimizer_states);
+    row("activations", activations);
+    row("inputs", inputs);
+    row("temporaries", temporaries);
+    row("communication", communication);
+    row("allocator reserve", reserve);
+    row("total", total());
+    return out;
+  }
+};
+
+struct plan_options {
+  int threads = 1;     // CPU threads (the CPU attention scratch has one slot per thread)
+  int world_size = 1;  // data-parallel ranks (communication buffers)
+};
+
+// The trainer's step workspace: one arena per microbatch of `nb` examples and `steps` pattern
+// steps, carved in this order. The trainer takes its pointers from here; the plan sums it.
+template <class Config, class Backend>
+struct step_workspace {
+  using model = typename Config::model;
+  using policy = typename Config::precision;
+  static constexpr shape S = model::shape;
+  using net = transformer<model, Backend, policy, typename Config::checkpointing>;
+  using F = typename policy::compute_t;
+  static constexpr bool staged = !std::is_same_v<typename policy::activation_t, F>;
+
+  struct regions {
+    index_t seq, target, saved, work, scratch, attention, gemm;
+    constexpr index_t total() const { return seq + target + saved + work + scratch + attention + gemm; }
+  };
+  static constexpr regions sizes(index_t nb, index_t steps, int threads) {
+    const index_t rows = nb * steps;
+    const auto tokens = arena::round_up(rows * S.codebooks * static_cast<index_t>(sizeof(token_t)));
+    return {tokens,
+            tokens,
+            arena::round_up(net::layout::saved_bytes(rows)),
+            arena::round_up(net::layout::work_bytes(rows)),
+            arena::round_up(net::scratch_t::bytes(rows)),
+            arena::round_up(attention_values(steps, threads) * static_cast<index_t>(sizeof(F))),
+            arena::round_up(Backend::template gemm_workspace_bytes<policy>())};
+  }
+  static constexpr index_t attention_values(index_t steps, int threads) {
+    return Backend::attention_scratch(steps, S.head_dim(), staged, threads);
+  }
+};
+
+// The plan for microbatches of `microbatch` examples of `frames` frames.
+template <class Config, class Backend>
+constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_options options = {}) {
+  using model = typename Config::model;
+  using policy = typename Config::precision;
+  constexpr shape S = model::shape;
+  constexpr index_t P = model::params::total_floats;
+  constexpr int K = S.codebooks;
+  constexpr auto size = [](auto t) { return static_cast<index_t>(sizeof(t)); };
+  const index_t steps = model::pattern::steps(K, frames);
+  const auto ws = step_workspace<Config, Backend>::sizes(microbatch, steps, options.threads);
+  const index_t batch = microbatch * Config::microbatches;
+
+  memory_plan p;
+  p.microbatch = microbatch;
+  p.frames = frames;
+  p.steps = steps;
+  p.accumulation = Config::microbatches;
+  p.parameters = P * size(typename policy::param_t{});
+  p.master = policy::has_master ? P * size(typename policy::master_t{}) : 0;
+  p.gradients = P * size(typename policy::grad_t{});
+  p.optimizer_states = Config::optimizer::state_tensors * P * size(typename policy::state_t{});
+  p.activations = ws.saved;
+  // the batch as the loader hands it over (tokens + padding mask), the microbatch's pattern
+  // sequences and targets, and the pattern's source/target tables
+  p.inputs = batch * K * frames * (size(token_t{}) + 1) + ws.seq + ws.target + 2 * K * steps * size(index_t{});
+  p.temporaries = ws.work + ws.scratch + ws.attention + ws.gemm + steps * S.dim * size(typename policy::compute_t{});
+  p.communication =
+      options.world_size > 1 && !std::is_same_v<typename policy::comm_t, typename policy::grad_t>
+          ? P * size(typename policy::comm_t{})
+          : 0;
+  p.reserve = Backend::reserve_bytes;
+  return p;
+}
+
+}  // namespace etude
