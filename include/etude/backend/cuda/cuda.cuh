@@ -1,0 +1,196 @@
+// The CUDA backend: etude's op set (backend/op_set.hpp) on one GPU, with the CPU backend's
+// static op names, argument order and semantics (what accumulates with +=, what is in place), so
+// `transformer<Model, backend::cuda, T>` can be instantiated in a user's .cu file. Every op runs on
+// the calling thread's current context (context.cuh: `cuda::context ctx; cuda::scope s(ctx);`),
+// takes device pointers and returns without synchronising, except the three that return a value
+// to the host (softmax_xent, sum_squares, all_finite), whose *_async forms leave it on the device.
+// Storage types: float, etude::bf16, etude::fp16 (compute in float); LayerNorm statistics and the
+// attention log-sum-exp are float whatever the storage type.
+// Differences from backend::cpu, all deliberate:
+//   - attention_scratch() is 0: the kernels need no scratch beyond the context's;
+//   - gemm_gelu is a product followed by an exact-erf GELU pass: cuBLASLt's GELU epilogue is the
+//     tanh approximation, which the model (AudioCraft: exact erf) cannot use;
+//   - clip_scale, adamw_update's device_scale, residual_layernorm_fwd, attention_bwd_with_output
+//     and the *_async reductions extend the op set for a step without host synchronisation;
+//   - gemm takes operands of one storage type (C: that type or float) and ignores the workspace
+//     argument (cuBLASLt's workspace belongs to the context).
+// Names: the op set is the struct etude::backend::cuda; the machinery under it (context, scope,
+// buffers, the tuning trait, the free-function ops) lives in namespace etude::cuda, which a struct
+// of the same name could not share; the struct re-exports what a user names.
+// Not for: the training step itself (graph capture, arena, data prefetch), which builds on this.
+#pragma once
+
+#include "etude/backend/cuda/attention.cuh"
+#include "etude/backend/cuda/context.cuh"
+#include "etude/backend/cuda/elementwise.cuh"
+#include "etude/backend/cuda/embedding.cuh"
+#include "etude/backend/cuda/gemm.cuh"
+#include "etude/backend/cuda/layernorm.cuh"
+#include "etude/backend/cuda/optim.cuh"
+#include "etude/backend/cuda/reduce.cuh"
+#include "etude/backend/cuda/softmax_xent.cuh"
+#include "etude/backend/cuda/tuning.cuh"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cuda {
+  static constexpr const char* name = "cuda";
+
+  using context = ::etude::cuda::context;
+  using scope = ::etude::cuda::scope;
+  template <class T>
+  using device_buffer = ::etude::cuda::device_buffer<T>;
+  template <class T>
+  using pinned_buffer = ::etude::cuda::pinned_buffer<T>;
+  // Read through here; specialise ::etude::cuda::tuning (an alias cannot be specialised).
+  template <class Op, class T, int Key = 0, class Arch = ::etude::cuda::arch::target>
+  using tuning = ::etude::cuda::tuning<Op, T, Key, Arch>;
+
+  // ---- matrix products ------------------------------------------------------------------------------
+  // Bytes of gemm workspace the caller must pass (none: cuBLASLt's lives in the context) and bytes
+  // the backend holds outside the trainer's buffers (the context's cuBLASLt workspace).
+  template <class Policy>
+  static constexpr index_t gemm_workspace_bytes() {
+    return 0;
+  }
+  static constexpr index_t reserve_bytes = static_cast<index_t>(::etude::cuda::context::default_workspace_bytes);
+
+  template <class TA, class TB, class TC>
+  static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, double alpha, const TA* a, index_t lda,
+                   const TB* b, index_t ldb, double beta, TC* c, index_t ldc, float* /*workspace*/ = nullptr) {
+    ::etude::cuda::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta),
+                        c, ldc);
+  }
+  // pre(m, n) = op(A)·op(B); act = GELU(pre) (exact erf), both with leading dimension ldc.
+  template <class TA, class TB, class TC>
+  static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                        const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc) {
+    ::etude::cuda::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc);
+    ::etude::cuda::gelu_rows(act, pre, m, n, ldc);
+  }
+
+  // ---- elementwise ------------------------------------------------------------------------------------
+  template <class D, class S>
+  static void copy(D* dst, const S* src, index_t n) {
+    ::etude::cuda::copy(dst, src, n);
+  }
+  template <class T>
+  static void fill_zero(T* dst, index_t n) {
+    ::etude::cuda::fill_zero(dst, n);
+  }
+  template <class T>
+  static void sinusoid(T* out, index_t steps, index_t dim) {
+    ::etude::cuda::sinusoid(out, steps, dim);
+  }
+
+  // ---- embeddings -----------------------------------------------------------------------------------
+  // tables / dtables: host arrays of device pointers.
+  template <class X, class W, class P>
+  static void embedding_fwd(X* x, const token_t* seq, const W* const* tables, const P* pos, index_t batch,
+                            int codebooks, index_t steps, index_t dim) {
+    ::etude::cuda::embedding_fwd(x, seq, tables, pos, batch, codebooks, steps, dim);
+  }
+  template <class G, class X>
+  static void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t batch, int codebooks,
+                            index_t steps, index_t dim) {
+    ::etude::cuda::embedding_bwd(dtables, dx, seq, batch, codebooks, steps, dim);
+  }
+
+  // ---- LayerNorm (statistics in float) --------------------------------------------------------------------
+  template <class Y, class X, class W>
+  static void layernorm_fwd(Y* y, float* mean, float* rstd, const X* x, const W* gamma, const W* beta, index_t rows,
+                            index_t dim) {
+    ::etude::cuda::layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, dim);
+  }
+  template <class Y, class X, class W>
+  static void residual_layernorm_fwd(X* x_mid, Y* y, float* mean, float* rstd, const X* x, const X* r, const W* gamma,
+                                     const W* beta, index_t rows, index_t dim) {
+    ::etude::cuda::residual_layernorm_fwd(x_mid, y, mean, rstd, x, r, gamma, beta, rows, dim);
+  }
+  template <class DX, class G, class DY, class X, class W>
+  static void layernorm_bwd(DX* dx, G* dgamma, G* dbeta, const DY* dy, const X* x, const float* mean,
+                            const float* rstd, const W* gamma, index_t rows, index_t dim) {
+    ::etude::cuda::layernorm_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, dim);
+  }
+
+  // ---- attention (lse in float) -----------------------------------------------------------------------------
+  static constexpr index_t attention_scratch(index_t /*steps*/, index_t /*head_dim*/ = 0, bool /*staged*/ = false,
+                                             int /*threads*/ = 1) {
+    return 0;
+  }
+  template <class A>
+  static void attention_fwd(A* att, float* lse, const A* qkv, index_t batch, index_t steps, int heads,
+                            index_t head_dim, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    ::etude::cuda::attention_fwd(att, lse, qkv, batch, steps, heads, head_dim);
+  }
+  template <class A>
+  static void attention_bwd(A* dqkv, const A* datt, const A* qkv, const float* lse, index_t batch, index_t steps,
+                            int heads, index_t head_dim, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    ::etude::cuda::attention_bwd(dqkv, datt, static_cast<const A*>(nullptr), qkv, lse, batch, steps, heads, head_dim);
+  }
+  // With the forward's output kept: delta = dO·O directly instead of re-running the forward.
+  template <class A>
+  static void attention_bwd_with_output(A* dqkv, const A* datt, const A* att, const A* qkv, const float* lse,
+                                        index_t batch, index_t steps, int heads, index_t head_dim) {
+    ::etude::cuda::attention_bwd(dqkv, datt, att, qkv, lse, batch, steps, heads, head_dim);
+  }
+
+  // ---- GELU ----------------------------------------------------------------------------------------------
+  template <class T>
+  static void gelu_fwd(T* y, const T* x, index_t n) {
+    ::etude::cuda::gelu_fwd(y, x, n);
+  }
+  template <class T>
+  static void gelu_bwd(T* dy, const T* x, index_t n) {
+    ::etude::cuda::gelu_bwd(dy, x, n);
+  }
+
+  // ---- loss -------------------------------------------------------------------------------------------------
+  template <class L>
+  static double softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, double weight) {
+    return ::etude::cuda::softmax_xent(logits, target, rows, card, static_cast<float>(weight));
+  }
+  template <class L>
+  static void softmax_xent_async(L* logits, const token_t* target, index_t rows, index_t card, double weight,
+                                 double* loss) {
+    ::etude::cuda::softmax_xent_async(logits, target, rows, card, static_cast<float>(weight), loss);
+  }
+
+  // ---- reductions -----------------------------------------------------------------------------------------
+  template <class T>
+  static double sum_squares(const T* x, index_t n) {
+    return ::etude::cuda::sum_squares(x, n);
+  }
+  template <class T>
+  static void sum_squares_async(const T* x, index_t n, double* out) {
+    ::etude::cuda::sum_squares_async(x, n, out);
+  }
+  template <class T>
+  static bool all_finite(const T* x, index_t n) {
+    return ::etude::cuda::all_finite(x, n);
+  }
+  template <class T>
+  static void all_finite_async(const T* x, index_t n, int* bad) {
+    ::etude::cuda::all_finite_async(x, n, bad);
+  }
+
+  // ---- optimisers -------------------------------------------------------------------------------------------
+  template <class M, class G, class S, class P = M>
+  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, double lr, double beta1, double beta2,
+                           double eps, double weight_decay, long step, double grad_scale, P* working = nullptr,
+                           const float* device_scale = nullptr) {
+    ::etude::cuda::adamw_update(p, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, working,
+                                device_scale);
+  }
+  template <class M, class G, class S, class P = M>
+  static void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double momentum, double weight_decay,
+                         bool nesterov, bool first_step, double grad_scale, P* working = nullptr) {
+    ::etude::cuda::sgd_update(p, grad, buf, n, lr, momentum, weight_decay, nesterov, first_step, grad_scale, working);
+  }
+  static void clip_scale(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
+    ::etude::cuda::clip_scale(sum_squares, max_norm, inv_loss_scale, scale);
+  }
+};
+
+}  // namespace etude::backend

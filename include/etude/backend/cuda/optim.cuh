@@ -1,0 +1,125 @@
+// Fused optimiser updates on the current stream, one pass over the parameters, with the CPU
+// backend's signatures, formulas and operation order (PyTorch's AdamW and SGD):
+//   adamw_update: g = grad · grad_scale (· *device_scale when given), where the factors carry the
+//     clip coefficient and 1/loss-scale (the device scale lets a step clip without a host round
+//     trip; see clip_scale); decoupled weight decay p ← p(1 − lr·wd); moments rounded to their
+//     storage type before they move the weight (so a resumed run takes the same step); the fp32
+//     master updated and the 16-bit working copy written from it in the same pass.
+//   sgd_update: SGD with momentum and optional Nesterov, likewise.
+//   clip_scale: on the device, scale = inv_loss_scale · min(1, max_norm / (norm + 1e-6)) with
+//     norm = sqrt(sum_squares) · inv_loss_scale.
+// Not for: optimiser state allocation (the memory plan owns it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "etude/backend/cuda/context.cuh"
+#include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/dtype.cuh"
+#include "etude/backend/cuda/tuning.cuh"
+#include "etude/core/types.hpp"
+
+namespace etude::cuda {
+
+namespace detail {
+
+struct adamw_scalars {
+  float step_size, bc2_sqrt, decay, w1, b2, w2, eps, grad_scale;
+};
+
+// M master, G gradient, S moments, P working copy (nullable): device types.
+template <class M, class G, class S, class P, int Unroll>
+__global__ void adamw_kernel(M* p, const G* grad, S* m, S* v, P* working, index_t n, adamw_scalars c,
+                             const float* device_scale) {
+  const float scale = device_scale != nullptr ? c.grad_scale * *device_scale : c.grad_scale;
+  grid_stride<Unroll>(n, [&](index_t i) {
+    const float g = to_float(grad[i]) * scale;
+    float pi = to_float(p[i]) * c.decay;
+    const float m0 = to_float(m[i]);
+    const float mi = m0 + c.w1 * (g - m0);
+    const float vi = to_float(v[i]) * c.b2 + c.w2 * g * g;
+    const S ms = from_float<S>(mi), vs = from_float<S>(vi);
+    m[i] = ms;
+    v[i] = vs;
+    pi -= c.step_size * to_float(ms) / (sqrtf(to_float(vs)) / c.bc2_sqrt + c.eps);
+    const M stored = from_float<M>(pi);
+    p[i] = stored;
+    if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(pi);
+  });
+}
+
+template <class M, class G, class S, class P, int Unroll>
+__global__ void sgd_kernel(M* p, const G* grad, S* buf, P* working, index_t n, float lr, float mu, float wd,
+                           bool nesterov, bool first, float grad_scale) {
+  grid_stride<Unroll>(n, [&](index_t i) {
+    const float pi = to_float(p[i]);
+    const float g = to_float(grad[i]) * grad_scale + wd * pi;
+    const S bs = from_float<S>(first ? g : mu * to_float(buf[i]) + g);
+    buf[i] = bs;
+    const float b = to_float(bs);
+    const float next = pi - lr * (nesterov ? g + mu * b : b);
+    const M stored = from_float<M>(next);
+    p[i] = stored;
+    if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(next);
+  });
+}
+
+template <int Unused = 0>
+__global__ void clip_scale_kernel(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
+  const double norm = sqrt(*sum_squares) * inv_loss_scale;
+  const double clip = max_norm / (norm + 1e-6);
+  *scale = static_cast<float>(inv_loss_scale * (clip < 1.0 ? clip : 1.0));
+}
+
+// The CPU backend's scalars, formed in double and rounded to float once.
+inline adamw_scalars make_adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                        long step, float grad_scale) {
+  require(step >= 1, "adamw_update", "step counts updates from 1");
+  const double t = static_cast<double>(step);
+  return {static_cast<float>(lr / (1.0 - std::pow(beta1, t))), static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t))),
+          static_cast<float>(1.0 - lr * weight_decay), static_cast<float>(1.0 - beta1), static_cast<float>(beta2),
+          static_cast<float>(1.0 - beta2), static_cast<float>(eps), grad_scale};
+}
+
+}  // namespace detail
+
+// AdamW at update `step` (from 1). M: master weights (float), G: gradients, S: moments, P: the
+// working copy the forward reads (nullable). device_scale (nullable): an extra factor read on the
+// device (the clip coefficient / loss scale from clip_scale).
+template <class M, class G, class S, class P = M>
+void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, double lr, double beta1, double beta2, double eps,
+                  double weight_decay, long step, double grad_scale, P* working = nullptr,
+                  const float* device_scale = nullptr) {
+  if (n <= 0) return;
+  using tune = tuning<op::elementwise, M>;
+  const auto c = detail::make_adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, static_cast<float>(grad_scale));
+  detail::adamw_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
+      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(p), dev(grad), dev(m), dev(v),
+                                                                                 dev(working), n, c, device_scale);
+  ETUDE_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+// g ← g·grad_scale + wd·p; buf ← μ buf + g (buf ← g on the first update); p ← p − lr·(nesterov ? g + μ buf : buf).
+template <class M, class G, class S, class P = M>
+void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double momentum, double weight_decay, bool nesterov,
+                bool first_step, double grad_scale, P* working = nullptr) {
+  if (n <= 0) return;
+  using tune = tuning<op::elementwise, M>;
+  detail::sgd_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
+      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
+          dev(p), dev(grad), dev(buf), dev(working), n, static_cast<float>(lr), static_cast<float>(momentum),
+          static_cast<float>(weight_decay), nesterov, first_step, static_cast<float>(grad_scale));
+  ETUDE_CUDA_CHECK_LAUNCH("sgd_kernel");
+}
+
+// *scale = inv_loss_scale · min(1, max_norm / (norm + 1e-6)), norm = sqrt(*sum_squares)·inv_loss_scale:
+// the factor adamw_update's device_scale applies, computed without leaving the device.
+inline void clip_scale(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
+  detail::clip_scale_kernel<<<1, 1, 0, current().stream()>>>(sum_squares, max_norm, inv_loss_scale, scale);
+  ETUDE_CUDA_CHECK_LAUNCH("clip_scale_kernel");
+}
+
+}  // namespace etude::cuda
