@@ -75,10 +75,20 @@ struct policy : policy_tag {
 
   // Every role spelled out, for run records, signatures and config diffs.
   static std::string describe() {
-    return std::string("params ") + dtype_traits<Param>::name + ", activations " + dtype_traits<Activation>::name +
-           ", grads " + dtype_traits<Grad>::name + ", master " + dtype_traits<Master>::name + ", states " +
-           dtype_traits<State>::name + ", comm " + dtype_traits<Comm>::name +
-           (loss_scaled ? ", dynamic loss scaling" : "");
+    std::string s = "params ";
+    s += dtype_traits<Param>::name;
+    s += ", activations ";
+    s += dtype_traits<Activation>::name;
+    s += ", grads ";
+    s += dtype_traits<Grad>::name;
+    s += ", master ";
+    s += dtype_traits<Master>::name;
+    s += ", states ";
+    s += dtype_traits<State>::name;
+    s += ", comm ";
+    s += dtype_traits<Comm>::name;
+    if (loss_scaled) s += ", dynamic loss scaling";
+    return s;
   }
 };
 
