@@ -1,0 +1,497 @@
+// The CUDA op set against the CPU backend (the oracle), op by op, on the same inputs: every op,
+// float and bf16 (fp16 where the op supports it), head dimensions 64 and 128, sizes that are not
+// multiples of the tiles, and determinism (two runs bit-identical). Inputs are drawn in float and
+// rounded to the storage dtype first, so both backends see identical values; the CPU runs in float
+// on them. Bounds come from the dtype:
+//   - u = unit roundoff: 2^-24 (float), 2^-9 (bf16), 2^-11 (fp16).
+//   - A value computed in float from identical inputs and rounded once to the storage type is
+//     within u·|y| of the float result, plus the float computation's own error; so 16-bit results
+//     are compared with the CPU's unrounded float result at u·|y| + (float error).
+//   - Float computations that only reorder sums differ by at most 2·n·2^-24·Σ|terms| (the γ_n bound
+//     of each order), n the number of terms; transcendental functions add a few ulp (1e-6 relative).
+// Each check names its bound where it is used.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "etude/backend/cpu/cpu.hpp"
+#include "etude/core/dtype.hpp"
+#include "ops_device.hpp"
+
+namespace {
+
+using etude::index_t;
+using etude::token_t;
+using etude::gpu_test::dtype;
+using etude::gpu_test::tokens;
+using etude::gpu_test::vec;
+using cpu = etude::backend::cpu;
+namespace dev = etude::gpu_test;
+
+double unit_roundoff(dtype t) {
+  switch (t) {
+    case dtype::bf16: return 0x1p-9;
+    case dtype::f16: return 0x1p-11;
+    default: return 0x1p-24;
+  }
+}
+const char* name(dtype t) { return t == dtype::bf16 ? "bf16" : t == dtype::f16 ? "fp16" : "f32"; }
+
+float round_to(dtype t, float x) {
+  switch (t) {
+    case dtype::bf16: return static_cast<float>(etude::bf16(x));
+    case dtype::f16: return static_cast<float>(etude::fp16(x));
+    default: return x;
+  }
+}
+vec round_to(dtype t, vec x) {
+  for (float& v : x) v = round_to(t, v);
+  return x;
+}
+
+vec uniform(std::size_t n, float lo, float hi, std::uint32_t seed, dtype t = dtype::f32) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  vec v(n);
+  for (float& x : v) x = round_to(t, d(gen));
+  return v;
+}
+
+// |got − want| <= bound[i] for every i; reports the first few violations.
+void check_within(const vec& got, const vec& want, const vec& bound, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  std::string first;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    if (!(err <= bound[i])) {  // NaN fails too
+      if (bad < 5)
+        first += "\n  [" + std::to_string(i) + "] got " + std::to_string(got[i]) + " want " + std::to_string(want[i]) +
+                 " bound " + std::to_string(bound[i]);
+      ++bad;
+    }
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements outside the bound" << first);
+  CHECK(bad == 0);
+}
+// bound = atol + rtol·|want|
+void check_close(const vec& got, const vec& want, double rtol, double atol, const std::string& what) {
+  vec bound(want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) bound[i] = static_cast<float>(atol + rtol * std::fabs(want[i]));
+  check_within(got, want, bound, what);
+}
+void check_equal(const vec& got, const vec& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) bad += !(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+  INFO(what << ": " << bad << " of " << got.size() << " elements differ");
+  CHECK(bad == 0);
+}
+bool bit_identical(const vec& a, const vec& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+  return true;
+}
+
+vec abs_of(vec x) {
+  for (float& v : x) v = std::fabs(v);
+  return x;
+}
+
+// Row-major op(A) element counts.
+index_t rows_of(bool t, index_t r, index_t c) { return t ? c : r; }
+
+}  // namespace
+
+TEST_CASE("gpu device present", "[gpu]") {
+  INFO("device: " << dev::device_name());
+  REQUIRE(dev::device_count() > 0);
+}
+
+TEST_CASE("gemm matches the CPU for every transpose, dtype and output type", "[gpu][gemm]") {
+  // m, n, k not multiples of any tile; lda/ldb/ldc larger than the rows
+  const index_t m = 37, n = 45, k = 29;
+  for (dtype ab : {dtype::f32, dtype::bf16, dtype::f16})
+    for (dtype c : {ab, dtype::f32}) {
+      if (ab == dtype::f32 && c != ab) continue;
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const index_t lda = rows_of(ta, k, m) + 3, ldb = rows_of(tb, n, k) + 5, ldc = n + 2;
+          const index_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+          const vec a = uniform(static_cast<std::size_t>(a_rows * lda), -1, 1, 1, ab);
+          const vec b = uniform(static_cast<std::size_t>(b_rows * ldb), -1, 1, 2, ab);
+          const vec c0 = uniform(static_cast<std::size_t>(m * ldc), -1, 1, 3, c);
+          const float alpha = 0.75f, beta = c == dtype::f32 && ab != dtype::f32 ? 1.0f : 0.5f;
+          vec want = c0, absprod(c0.size(), 0.0f);
+          cpu::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+          const vec aa = abs_of(a), ab_ = abs_of(b);
+          cpu::gemm(ta, tb, m, n, k, 1.0, aa.data(), lda, ab_.data(), ldb, 0.0, absprod.data(), ldc);
+          vec got = c0;
+          const std::size_t plans = dev::gemm(ab, c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, got, ldc, false, 2);
+          CHECK(plans == 1);  // the second identical call reuses the cached plan
+          // fp32 accumulation in both, any order: 2·k·2^-24·Σ|αab| (+ |βc| once); then one rounding
+          // to C's dtype: u_C·|result|.
+          vec bound(want.size());
+          for (std::size_t i = 0; i < want.size(); ++i)
+            bound[i] = static_cast<float>(2.0 * (k + 2) * 0x1p-24 * (alpha * absprod[i] + std::fabs(beta * c0[i])) +
+                                          unit_roundoff(c) * std::fabs(want[i]) + 1e-30);
+          check_within(got, want, bound,
+                       std::string("gemm ") + name(ab) + "->" + name(c) + (ta ? " T" : " N") + (tb ? "T" : "N"));
+        }
+    }
+}
+
+TEST_CASE("gemm with TF32 stays within the TF32 bound; the default is exact fp32", "[gpu][gemm]") {
+  const index_t m = 64, n = 48, k = 96;
+  const vec a = uniform(static_cast<std::size_t>(m * k), -1, 1, 4), b = uniform(static_cast<std::size_t>(k * n), -1, 1, 5);
+  vec want(static_cast<std::size_t>(m * n), 0.0f), absprod = want;
+  cpu::gemm(false, false, m, n, k, 1.0, a.data(), k, b.data(), n, 0.0, want.data(), n);
+  const vec aa = abs_of(a), bb = abs_of(b);
+  cpu::gemm(false, false, m, n, k, 1.0, aa.data(), k, bb.data(), n, 0.0, absprod.data(), n);
+  vec got(want.size(), 0.0f);
+  dev::gemm(dtype::f32, dtype::f32, false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, got, n, true);
+  // TF32 keeps 10 fraction bits: each input rounds by 2^-11, each product by up to 2·2^-11.
+  vec bound(want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) bound[i] = static_cast<float>((0x1p-10 + 2.0 * k * 0x1p-24) * absprod[i]);
+  check_within(got, want, bound, "gemm tf32");
+}
+
+TEST_CASE("gemm_gelu writes the product and its exact-erf GELU", "[gpu][gemm]") {
+  const index_t m = 33, n = 40, k = 24;
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const vec a = uniform(static_cast<std::size_t>(m * k), -1, 1, 6, t), b = uniform(static_cast<std::size_t>(n * k), -1, 1, 7, t);
+    vec pre(static_cast<std::size_t>(m * n), 0.0f), act = pre, want = pre, absprod = pre;
+    cpu::gemm(false, true, m, n, k, 1.0, a.data(), k, b.data(), k, 0.0, want.data(), n);
+    const vec aa = abs_of(a), bb = abs_of(b);
+    cpu::gemm(false, true, m, n, k, 1.0, aa.data(), k, bb.data(), k, 0.0, absprod.data(), n);
+    dev::gemm_gelu(t, false, true, m, n, k, a, k, b, k, pre, act, n);
+    vec bound(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      bound[i] = static_cast<float>(2.0 * k * 0x1p-24 * absprod[i] + unit_roundoff(t) * std::fabs(want[i]));
+    check_within(pre, want, bound, std::string("gemm_gelu pre ") + name(t));
+    // act from the device's own pre: float GELU within a few ulp, one rounding
+    vec want_act(pre.size());
+    cpu::gelu_fwd(want_act.data(), pre.data(), static_cast<index_t>(pre.size()));
+    check_close(act, want_act, unit_roundoff(t) + 1e-6, 1e-7, std::string("gemm_gelu act ") + name(t));
+  }
+}
+
+TEST_CASE("copy converts, fill_zero zeroes, sinusoid matches AudioCraft's positions", "[gpu][elementwise]") {
+  const vec x = uniform(1001, -3, 3, 8);
+  for (dtype src : {dtype::f32, dtype::bf16, dtype::f16})
+    for (dtype dst : {dtype::f32, dtype::bf16, dtype::f16}) {
+      const vec in = round_to(src, x);
+      // conversion is exact rounding to nearest even: bit-identical to the host's conversion
+      check_equal(dev::convert(dst, src, in), round_to(dst, in), std::string("copy ") + name(src) + "->" + name(dst));
+    }
+  for (dtype t : {dtype::f32, dtype::bf16}) check_equal(dev::fill_zero(t, x), vec(x.size(), 0.0f), "fill_zero");
+  const index_t steps = 1501, dim = 64;
+  vec want(static_cast<std::size_t>(steps * dim));
+  cpu::sinusoid(want.data(), steps, dim);
+  // both in double, rounded once: equal unless the device's cos/sin differ by an ulp of double
+  // right at a float rounding boundary
+  check_close(dev::sinusoid(dtype::f32, steps, dim), want, 0x1p-23, 0x1p-30, "sinusoid f32");
+  check_close(dev::sinusoid(dtype::bf16, steps, dim), round_to(dtype::bf16, want), 0x1p-8, 0x1p-30, "sinusoid bf16");
+}
+
+TEST_CASE("embedding forward and backward match the CPU bit for bit and are deterministic", "[gpu][embedding]") {
+  const index_t batch = 3, steps = 37, dim = 40, card = 7;  // small card: many repeated tokens
+  const int codebooks = 4;
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(card));  // card itself: the special token
+  tokens seq(static_cast<std::size_t>(batch * codebooks * steps));
+  for (token_t& t : seq) t = tok(gen);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    std::vector<vec> tables;
+    std::vector<const float*> ptrs;
+    for (int k = 0; k < codebooks; ++k) tables.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 10 + k, t));
+    for (auto& tb : tables) ptrs.push_back(tb.data());
+    const vec pos = uniform(static_cast<std::size_t>(steps * dim), -1, 1, 20);
+    // the same float additions in the same order (codebooks, then positions), rounded once
+    vec want(static_cast<std::size_t>(batch * steps * dim));
+    cpu::embedding_fwd(want.data(), seq.data(), ptrs.data(), pos.data(), batch, codebooks, steps, dim);
+    check_equal(dev::embedding_fwd(t, seq, tables, pos, batch, codebooks, steps, dim), round_to(t, want),
+                std::string("embedding_fwd ") + name(t));
+
+    for (dtype g : {dtype::f32, dtype::bf16}) {
+      const vec dx = uniform(static_cast<std::size_t>(batch * steps * dim), -1, 1, 30, t);
+      std::vector<vec> want_d, got_d, again;
+      for (int k = 0; k < codebooks; ++k) want_d.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 40 + k, g));
+      got_d = want_d;
+      again = want_d;
+      if (g == dtype::f32) {
+        std::vector<float*> dp;
+        for (auto& d : want_d) dp.push_back(d.data());
+        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
+      } else {
+        std::vector<std::vector<etude::bf16>> h(want_d.size());
+        std::vector<etude::bf16*> dp;
+        for (std::size_t k = 0; k < want_d.size(); ++k) {
+          for (float v : want_d[k]) h[k].push_back(etude::bf16(v));
+          dp.push_back(h[k].data());
+        }
+        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
+        for (std::size_t k = 0; k < want_d.size(); ++k)
+          for (std::size_t i = 0; i < h[k].size(); ++i) want_d[k][i] = static_cast<float>(h[k][i]);
+      }
+      dev::embedding_bwd(g, t, got_d, dx, seq, batch, codebooks, steps, dim);
+      dev::embedding_bwd(g, t, again, dx, seq, batch, codebooks, steps, dim);
+      for (int k = 0; k < codebooks; ++k) {
+        // rows added in the CPU's order (positions ascending) from the same start: identical
+        check_equal(got_d[static_cast<std::size_t>(k)], want_d[static_cast<std::size_t>(k)],
+                    std::string("embedding_bwd ") + name(t) + " grads " + name(g));
+        CHECK(bit_identical(got_d[static_cast<std::size_t>(k)], again[static_cast<std::size_t>(k)]));
+      }
+    }
+  }
+}
+
+TEST_CASE("layernorm forward, fused residual and backward match the CPU", "[gpu][layernorm]") {
+  const index_t rows = 77, dim = 96;  // rows not a multiple of the block's rows
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const double u = unit_roundoff(t);
+    const vec x = uniform(static_cast<std::size_t>(rows * dim), -2, 3, 50, t);
+    const vec gamma = uniform(static_cast<std::size_t>(dim), 0.5, 1.5, 51, t), beta = uniform(static_cast<std::size_t>(dim), -0.5, 0.5, 52, t);
+    vec y(x.size()), mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+    cpu::layernorm_fwd(y.data(), mean.data(), rstd.data(), x.data(), gamma.data(), beta.data(), rows, dim);
+    const auto out = dev::layernorm_fwd(t, x, {}, gamma, beta, rows, dim);
+    // statistics in double on both sides, rounded to float once
+    check_close(out.mean, mean, 0x1p-23, 1e-7, std::string("layernorm mean ") + name(t));
+    check_close(out.rstd, rstd, 0x1p-23, 0.0, std::string("layernorm rstd ") + name(t));
+    // y = (x − m)·rs·γ + β in float (a few roundings, |x̂γ| + |β| <= ~4), then one rounding
+    check_close(out.y, y, u + 1e-6, 1e-5, std::string("layernorm y ") + name(t));
+
+    // fused residual: x_mid = round(x + r) exactly, then the same LayerNorm
+    const vec r = uniform(x.size(), -1, 1, 53, t);
+    vec mid(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) mid[i] = round_to(t, x[i] + r[i]);
+    vec y2(x.size()), mean2(mean.size()), rstd2(mean.size());
+    cpu::layernorm_fwd(y2.data(), mean2.data(), rstd2.data(), mid.data(), gamma.data(), beta.data(), rows, dim);
+    const auto fused = dev::layernorm_fwd(t, x, r, gamma, beta, rows, dim);
+    check_equal(fused.x_mid, mid, std::string("residual_layernorm x_mid ") + name(t));
+    check_close(fused.y, y2, u + 1e-6, 1e-5, std::string("residual_layernorm y ") + name(t));
+
+    for (dtype g : {dtype::f32, t}) {
+      const vec dy = uniform(x.size(), -1, 1, 54, t);
+      vec dx0 = uniform(x.size(), -1, 1, 55, t), dg0 = uniform(static_cast<std::size_t>(dim), -1, 1, 56, g),
+          db0 = uniform(static_cast<std::size_t>(dim), -1, 1, 57, g);
+      vec dx = dx0, dgam = dg0, dbet = db0;
+      cpu::layernorm_bwd(dx.data(), dgam.data(), dbet.data(), dy.data(), x.data(), mean.data(), rstd.data(), gamma.data(), rows, dim);
+      vec gdx = dx0, gdg = dg0, gdb = db0;
+      dev::layernorm_bwd(t, g, gdx, gdg, gdb, dy, x, mean, rstd, gamma, rows, dim);
+      // dx: per-row sums in double, a few float roundings of terms of size <= rs·(|dy γ| + |a| + |x̂ c|) ~ 10
+      check_close(gdx, dx, u + 1e-6, 1e-5 * 10, std::string("layernorm dx ") + name(t));
+      // dgamma/dbeta: rows summed in another order: 2·rows·2^-24·Σ|dy x̂| (<= rows·3), then one rounding to G
+      vec bg(static_cast<std::size_t>(dim)), bb(bg.size());
+      for (std::size_t j = 0; j < bg.size(); ++j) {
+        double sg = 0, sb = 0;
+        for (index_t i = 0; i < rows; ++i) {
+          const auto e = static_cast<std::size_t>(i * dim) + j;
+          sg += std::fabs(dy[e] * (x[e] - mean[static_cast<std::size_t>(i)]) * rstd[static_cast<std::size_t>(i)]);
+          sb += std::fabs(dy[e]);
+        }
+        bg[j] = static_cast<float>(2.0 * (rows + 2) * 0x1p-24 * (sg + std::fabs(dg0[j])) + unit_roundoff(g) * std::fabs(dgam[j]));
+        bb[j] = static_cast<float>(2.0 * (rows + 2) * 0x1p-24 * (sb + std::fabs(db0[j])) + unit_roundoff(g) * std::fabs(dbet[j]));
+      }
+      check_within(gdg, dgam, bg, std::string("layernorm dgamma ") + name(t) + "/" + name(g));
+      check_within(gdb, dbet, bb, std::string("layernorm dbeta ") + name(t) + "/" + name(g));
+      vec again_dx = dx0, again_dg = dg0, again_db = db0;
+      dev::layernorm_bwd(t, g, again_dx, again_dg, again_db, dy, x, mean, rstd, gamma, rows, dim);
+      CHECK(bit_identical(again_dx, gdx));
+      CHECK(bit_identical(again_dg, gdg));
+      CHECK(bit_identical(again_db, gdb));
+    }
+  }
+}
+
+TEST_CASE("layernorm refuses a dim that is no multiple of the vector width", "[gpu][layernorm]") {
+  const vec x(3 * 20, 1.0f), g(20, 1.0f), b(20, 0.0f);
+  CHECK_THROWS_AS(dev::layernorm_fwd(dtype::f32, x, {}, g, b, 3, 20), etude::error);
+}
+
+namespace {
+
+struct attention_case {
+  index_t batch, steps;
+  int heads;
+  index_t head_dim;
+};
+
+void attention_against_cpu(dtype t, const attention_case& c) {
+  const index_t d = c.heads * c.head_dim, rows = c.batch * c.steps;
+  const double u = unit_roundoff(t);
+  const std::string what = std::string(name(t)) + " hd " + std::to_string(c.head_dim) + " S " + std::to_string(c.steps) +
+                           " B " + std::to_string(c.batch) + " H " + std::to_string(c.heads);
+  const vec qkv = uniform(static_cast<std::size_t>(rows * 3 * d), -1, 1, 60, t);
+  vec att(static_cast<std::size_t>(rows * d)), lse(static_cast<std::size_t>(rows * c.heads));
+  vec scratch(static_cast<std::size_t>(cpu::attention_scratch(c.steps)));
+  cpu::attention_fwd(att.data(), lse.data(), qkv.data(), c.batch, c.steps, c.heads, c.head_dim, scratch.data(),
+                     static_cast<index_t>(scratch.size()));
+  const auto out = dev::attention_fwd(t, qkv, c.batch, c.steps, c.heads, c.head_dim);
+  // fp32: scores differ by <= hd·2^-24·Σ|q k|·scale (<= 2e-5 here), which moves p relatively and
+  // O = Σ p v (|v| <= 1) by as much. 16-bit: p is rounded to the storage type before P·V (<= u·max|v|)
+  // and O once more on store (u·|O|).
+  const double fp32 = 3e-5;
+  check_close(out.att, att, u, fp32 + (t == dtype::f32 ? 0.0 : u), "attention_fwd att " + what);
+  check_close(out.lse, lse, 1e-6, fp32, "attention_fwd lse " + what);
+
+  const vec datt = uniform(att.size(), -1, 1, 61, t);
+  vec dqkv(qkv.size());
+  cpu::attention_bwd(dqkv.data(), datt.data(), qkv.data(), lse.data(), c.batch, c.steps, c.heads, c.head_dim,
+                     scratch.data(), static_cast<index_t>(scratch.size()));
+  const vec got = dev::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);
+  const vec with_o = dev::attention_bwd(t, datt, qkv, out.lse, out.att, c.batch, c.steps, c.heads, c.head_dim);
+  const vec again = dev::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);
+  CHECK(bit_identical(got, again));  // no atomics: the same bits every run
+  // Bound per element of dQ, dK, dV: each is a sum over up to S terms, each carrying at most two
+  // roundings of relative u (P or dS to the storage type, and the stored result); errors of
+  // random sign over the sum scale like the rms of the tensor, so the bound is
+  // 4u·(|ref| + rms(ref)) + the fp32 reordering term (scaled by the tensor's rms and sqrt(S)).
+  // The variant with O has a different delta (dO·O from the stored O): 2u·rms more for 16-bit.
+  for (int part = 0; part < 3; ++part) {
+    double ss = 0;
+    std::size_t count = 0;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < d; ++j, ++count) {
+        const float v = dqkv[static_cast<std::size_t>(r * 3 * d + part * d + j)];
+        ss += static_cast<double>(v) * v;
+      }
+    const double rms = std::sqrt(ss / static_cast<double>(count));
+    vec want_p, got_p, with_o_p, bound;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < d; ++j) {
+        const auto e = static_cast<std::size_t>(r * 3 * d + part * d + j);
+        want_p.push_back(dqkv[e]);
+        got_p.push_back(got[e]);
+        with_o_p.push_back(with_o[e]);
+        const double b = (t == dtype::f32 ? 1e-4 * rms * std::sqrt(static_cast<double>(c.steps)) / 4 : 0.0) +
+                         4 * u * (std::fabs(dqkv[e]) + rms) + 1e-6;
+        bound.push_back(static_cast<float>(b));
+      }
+    const char* which = part == 0 ? "dq" : part == 1 ? "dk" : "dv";
+    check_within(got_p, want_p, bound, std::string("attention_bwd ") + which + " " + what);
+    for (float& b : bound) b += static_cast<float>(2 * u * rms);
+    check_within(with_o_p, want_p, bound, std::string("attention_bwd (with O) ") + which + " " + what);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("flash attention matches the CPU for both head dimensions and odd lengths", "[gpu][attention]") {
+  const std::vector<attention_case> cases = {
+      {2, 77, 2, 64},   // S not a multiple of any tile
+      {1, 5, 3, 64},    // shorter than one tile
+      {2, 130, 2, 128}, // crosses two 64-row tiles with a ragged end
+      {1, 64, 1, 128},  // exactly one tile
+  };
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (const auto& c : cases) attention_against_cpu(t, c);
+}
+
+TEST_CASE("attention refuses unsupported head dimensions", "[gpu][attention]") {
+  const vec qkv(static_cast<std::size_t>(2 * 3 * 96), 0.0f);
+  CHECK_THROWS_AS(dev::attention_fwd(dtype::f32, qkv, 1, 2, 1, 96), etude::error);
+}
+
+TEST_CASE("gelu forward and backward match the CPU", "[gpu][elementwise]") {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const vec x = uniform(10007, -6, 6, 70, t), dy = uniform(10007, -2, 2, 71, t);
+    vec y(x.size());
+    cpu::gelu_fwd(y.data(), x.data(), static_cast<index_t>(x.size()));
+    // erf/exp within a few ulp on each side (CUDA's erff: 2 ulp; the CPU's: 3 ulp), then one rounding
+    check_close(dev::gelu_fwd(t, x), y, unit_roundoff(t) + 2e-6, 1e-7, std::string("gelu_fwd ") + name(t));
+    vec dx = dy;
+    cpu::gelu_bwd(dx.data(), x.data(), static_cast<index_t>(x.size()));
+    check_close(dev::gelu_bwd(t, dy, x), dx, unit_roundoff(t) + 2e-6, 1e-7, std::string("gelu_bwd ") + name(t));
+  }
+}
+
+TEST_CASE("softmax cross-entropy: loss, in-place gradients, ignored rows, weight 0", "[gpu][loss]") {
+  const index_t rows = 53, card = 300;
+  std::mt19937 gen(80);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(card) - 1);
+  tokens target(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < target.size(); ++i) target[i] = i % 7 == 3 ? -1 : tok(gen);
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (float weight : {0.25f, 0.0f}) {
+      const vec logits = uniform(static_cast<std::size_t>(rows * card), -4, 4, 81, t);
+      vec want = logits, got = logits;
+      const double loss = cpu::softmax_xent(want.data(), target.data(), rows, card, weight);
+      const double got_loss = dev::softmax_xent(t, got, target, rows, card, weight);
+      // per row: lse in float (max, Σexp over card terms, log): <= (card + 4)·2^-24·(|lse| + 4) each
+      CHECK(std::fabs(got_loss - loss) <= rows * (card + 4) * 0x1p-24 * 16);
+      if (weight == 0.0f) {
+        check_equal(got, logits, std::string("softmax_xent weight 0 leaves logits ") + name(t));
+      } else {
+        check_close(got, want, unit_roundoff(t) + 1e-5, 1e-7, std::string("softmax_xent grads ") + name(t));
+        for (std::size_t r = 0; r < target.size(); ++r)
+          if (target[r] < 0)
+            for (index_t j = 0; j < card; ++j) CHECK(got[r * static_cast<std::size_t>(card) + static_cast<std::size_t>(j)] == 0.0f);
+      }
+      vec again = logits;
+      CHECK(dev::softmax_xent(t, again, target, rows, card, weight) == got_loss);  // deterministic sum
+      CHECK(bit_identical(again, got));
+    }
+}
+
+TEST_CASE("sum of squares and finiteness", "[gpu][reduce]") {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const vec x = uniform(1234567, -2, 2, 90, t);  // several chunks and a ragged end
+    const double want = cpu::sum_squares(x.data(), static_cast<index_t>(x.size()));
+    const double got = dev::sum_squares(t, x);
+    CHECK(std::fabs(got - want) <= 1e-12 * want);  // double sums of n terms in two orders
+    CHECK(dev::sum_squares(t, x) == got);           // fixed order: the same bits
+    CHECK(dev::all_finite(t, x));
+    vec bad = x;
+    bad[777777] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(dev::all_finite(t, bad));
+    bad = x;
+    bad[1234566] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_FALSE(dev::all_finite(t, bad));
+  }
+  CHECK(dev::sum_squares(dtype::f32, vec{}) == 0.0);
+}
+
+TEST_CASE("AdamW with fp32 master, 16-bit working copy and a device scale; SGD", "[gpu][optim]") {
+  const std::size_t n = 100003;
+  for (dtype g : {dtype::f32, dtype::bf16})
+    for (float device_scale : {0.0f, 0.5f}) {
+      vec p = uniform(n, -1, 1, 100), m = uniform(n, -0.01f, 0.01f, 101), v = uniform(n, 0, 1e-4f, 102);
+      const vec grad = uniform(n, -1, 1, 103, g);
+      vec wp = p, wm = m, wv = v;
+      const double gs = 0.8 * (device_scale > 0 ? device_scale : 1.0f);
+      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), 1e-3, 0.9, 0.95, 1e-8,
+                        0.1, 7L, gs);
+      vec gp = p, gm = m, gv = v, gw;
+      dev::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, 1e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.8, device_scale);
+      // the same float formula; contraction into FMA moves a few ulp of the update (|Δp| <= ~lr·10)
+      check_close(gp, wp, 1e-6, 1e-8, "adamw master");
+      check_close(gm, wm, 1e-6, 1e-10, "adamw m");
+      check_close(gv, wv, 1e-6, 1e-12, "adamw v");
+      // the working copy is the new master rounded to bf16
+      vec rounded = round_to(dtype::bf16, gp);
+      check_equal(gw, rounded, "adamw working copy");
+    }
+  for (bool nesterov : {false, true})
+    for (bool first : {false, true}) {
+      vec p = uniform(5000, -1, 1, 110), buf = uniform(5000, -1, 1, 111);
+      const vec grad = uniform(5000, -1, 1, 112);
+      vec wp = p, wb = buf;
+      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, 0.01, 0.9, 0.1, nesterov, first, 0.5);
+      dev::sgd(p, grad, buf, 0.01, 0.9, 0.1, nesterov, first, 0.5);
+      check_close(p, wp, 1e-6, 1e-7, "sgd p");
+      check_close(buf, wb, 1e-6, 1e-7, "sgd buf");
+    }
+  // clip: scale = inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
+  CHECK(dev::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
+  CHECK(dev::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
+  CHECK(dev::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) == Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));
+}

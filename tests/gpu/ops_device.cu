@@ -1,0 +1,280 @@
+// Device side of the gpu op tests (see ops_device.hpp): every op but attention.
+#include <cuda_runtime.h>
+
+#include "device_util.cuh"
+#include "etude/backend/cuda/cuda.cuh"
+
+namespace etude::gpu_test {
+
+using backend_t = etude::backend::cuda;
+
+int device_count() { return cu::device_count(); }
+
+std::string device_name() {
+  if (device_count() == 0) return "none";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "unknown";
+  return std::string(p.name) + " (sm_" + std::to_string(p.major * 10 + p.minor) + ")";
+}
+
+std::size_t gemm(dtype ab, dtype c, bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const vec& a,
+                 index_t lda, const vec& b, index_t ldb, float beta, vec& c_io, index_t ldc, bool tf32, int repeat) {
+  session s;
+  s.ctx.allow_tf32 = tf32;
+  return dispatch(ab, [&](auto tag) {
+    using T = decltype(tag);
+    auto da = to_device<T>(a);
+    auto db = to_device<T>(b);
+    auto run = [&](auto ctag) {
+      using C = decltype(ctag);
+      for (int r = 0; r < repeat; ++r) {
+        auto dc = to_device<C>(c_io);
+        backend_t::gemm(ta, tb, m, n, k, alpha, da.data(), lda, db.data(), ldb, beta, dc.data(), ldc);
+        if (r + 1 == repeat) c_io = to_host(dc);
+      }
+      return s.ctx.gemm_plans();
+    };
+    if (c == dtype::f32) return run(float{});
+    return run(T{});
+  });
+}
+
+void gemm_gelu(dtype t, bool ta, bool tb, index_t m, index_t n, index_t k, const vec& a, index_t lda, const vec& b,
+               index_t ldb, vec& pre, vec& act, index_t ldc) {
+  session s;
+  dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto da = to_device<T>(a);
+    auto db = to_device<T>(b);
+    auto dp = to_device<T>(pre);
+    auto dq = to_device<T>(act);
+    backend_t::gemm_gelu(ta, tb, m, n, k, da.data(), lda, db.data(), ldb, dp.data(), dq.data(), ldc);
+    pre = to_host(dp);
+    act = to_host(dq);
+  });
+}
+
+vec convert(dtype dst, dtype src, const vec& x) {
+  session s;
+  return dispatch(src, [&](auto stag) {
+    using S = decltype(stag);
+    auto ds = to_device<S>(x);
+    return dispatch(dst, [&](auto dtag) {
+      using D = decltype(dtag);
+      cu::device_buffer<D> dd(static_cast<index_t>(x.size()));
+      backend_t::copy(dd.data(), ds.data(), dd.size());
+      return to_host(dd);
+    });
+  });
+}
+
+vec fill_zero(dtype t, const vec& x) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    auto d = to_device<decltype(tag)>(x);
+    backend_t::fill_zero(d.data(), d.size());
+    return to_host(d);
+  });
+}
+
+vec sinusoid(dtype t, index_t steps, index_t dim) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    cu::device_buffer<decltype(tag)> d(steps * dim);
+    backend_t::sinusoid(d.data(), steps, dim);
+    return to_host(d);
+  });
+}
+
+vec embedding_fwd(dtype t, const tokens& seq, const std::vector<vec>& tables, const vec& pos, index_t batch,
+                  int codebooks, index_t steps, index_t dim) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto dseq = tokens_to_device(seq);
+    std::vector<cu::device_buffer<T>> dt;
+    std::vector<const T*> ptrs;
+    for (const vec& tb : tables) dt.push_back(to_device<T>(tb));
+    for (auto& d : dt) ptrs.push_back(d.data());
+    auto dpos = to_device<float>(pos);  // positions in the compute type, as the op set passes them
+    cu::device_buffer<T> x(batch * steps * dim);
+    backend_t::embedding_fwd(x.data(), dseq.data(), ptrs.data(), dpos.data(), batch, codebooks, steps, dim);
+    return to_host(x);
+  });
+}
+
+void embedding_bwd(dtype grad, dtype act, std::vector<vec>& dtables, const vec& dx, const tokens& seq, index_t batch,
+                   int codebooks, index_t steps, index_t dim) {
+  session s;
+  dispatch(grad, [&](auto gtag) {
+    using G = decltype(gtag);
+    dispatch(act, [&](auto atag) {
+      using X = decltype(atag);
+      auto dseq = tokens_to_device(seq);
+      auto ddx = to_device<X>(dx);
+      std::vector<cu::device_buffer<G>> dt;
+      std::vector<G*> ptrs;
+      for (const vec& tb : dtables) dt.push_back(to_device<G>(tb));
+      for (auto& d : dt) ptrs.push_back(d.data());
+      backend_t::embedding_bwd(ptrs.data(), ddx.data(), dseq.data(), batch, codebooks, steps, dim);
+      for (std::size_t k = 0; k < dt.size(); ++k) dtables[k] = to_host(dt[k]);
+    });
+  });
+}
+
+ln_fwd_out layernorm_fwd(dtype t, const vec& x, const vec& residual, const vec& gamma, const vec& beta, index_t rows,
+                         index_t dim) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto dx = to_device<T>(x);
+    auto dg = to_device<T>(gamma);
+    auto db = to_device<T>(beta);
+    cu::device_buffer<T> y(rows * dim);
+    cu::device_buffer<float> mean(rows), rstd(rows);
+    ln_fwd_out out;
+    if (residual.empty()) {
+      backend_t::layernorm_fwd(y.data(), mean.data(), rstd.data(), dx.data(), dg.data(), db.data(), rows, dim);
+    } else {
+      auto dr = to_device<T>(residual);
+      cu::device_buffer<T> mid(rows * dim);
+      backend_t::residual_layernorm_fwd(mid.data(), y.data(), mean.data(), rstd.data(), dx.data(), dr.data(),
+                                        dg.data(), db.data(), rows, dim);
+      out.x_mid = to_host(mid);
+    }
+    out.y = to_host(y);
+    out.mean = to_host(mean);
+    out.rstd = to_host(rstd);
+    return out;
+  });
+}
+
+void layernorm_bwd(dtype act, dtype grad, vec& dx, vec& dgamma, vec& dbeta, const vec& dy, const vec& x,
+                   const vec& mean, const vec& rstd, const vec& gamma, index_t rows, index_t dim) {
+  session s;
+  dispatch(act, [&](auto atag) {
+    using T = decltype(atag);
+    dispatch(grad, [&](auto gtag) {
+      using G = decltype(gtag);
+      auto ddx = to_device<T>(dx);
+      auto ddg = to_device<G>(dgamma);
+      auto ddb = to_device<G>(dbeta);
+      auto ddy = to_device<T>(dy);
+      auto dxx = to_device<T>(x);
+      auto dm = to_device<float>(mean);
+      auto dr = to_device<float>(rstd);
+      auto dga = to_device<T>(gamma);
+      backend_t::layernorm_bwd(ddx.data(), ddg.data(), ddb.data(), ddy.data(), dxx.data(), dm.data(), dr.data(),
+                               dga.data(), rows, dim);
+      dx = to_host(ddx);
+      dgamma = to_host(ddg);
+      dbeta = to_host(ddb);
+    });
+  });
+}
+
+vec gelu_fwd(dtype t, const vec& x) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto dx = to_device<T>(x);
+    cu::device_buffer<T> y(dx.size());
+    backend_t::gelu_fwd(y.data(), dx.data(), dx.size());
+    return to_host(y);
+  });
+}
+
+vec gelu_bwd(dtype t, const vec& dy, const vec& x) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto ddy = to_device<T>(dy);
+    auto dx = to_device<T>(x);
+    backend_t::gelu_bwd(ddy.data(), dx.data(), dx.size());
+    return to_host(ddy);
+  });
+}
+
+double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, index_t card, float weight) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto dt = tokens_to_device(target);
+    // the async form twice into one device double (accumulates), then the synchronous form
+    auto dl = to_device<T>(logits);
+    cu::device_buffer<double> loss(1);
+    ETUDE_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(double), s.ctx.stream()));
+    backend_t::softmax_xent_async(dl.data(), dt.data(), rows, card, 0.0, loss.data());
+    backend_t::softmax_xent_async(dl.data(), dt.data(), rows, card, 0.0, loss.data());
+    double twice = 0.0;
+    cu::download(&twice, loss.data(), 1);
+    const double total = backend_t::softmax_xent(dl.data(), dt.data(), rows, card, weight);
+    if (twice != 2.0 * total)
+      throw etude::error("softmax_xent: the async sum (" + std::to_string(twice / 2) + ") differs from the synchronous one (" +
+                         std::to_string(total) + ")");
+    logits = to_host(dl);
+    return total;
+  });
+}
+
+double sum_squares(dtype t, const vec& x) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    auto d = to_device<decltype(tag)>(x);
+    return backend_t::sum_squares(d.data(), d.size());
+  });
+}
+
+bool all_finite(dtype t, const vec& x) {
+  session s;
+  return dispatch(t, [&](auto tag) {
+    auto d = to_device<decltype(tag)>(x);
+    return backend_t::all_finite(d.data(), d.size());
+  });
+}
+
+void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out, double lr, double beta1,
+           double beta2, double eps, double wd, long step, double grad_scale, float device_scale) {
+  session s;
+  dispatch(grad, [&](auto gtag) {
+    using G = decltype(gtag);
+    dispatch(working, [&](auto wtag) {
+      using W = decltype(wtag);
+      auto dp = to_device<float>(p);
+      auto dg = to_device<G>(g);
+      auto dm = to_device<float>(m);
+      auto dv = to_device<float>(v);
+      cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
+      auto dscale = to_device<float>(vec{device_scale});
+      backend_t::adamw_update(dp.data(), dg.data(), dm.data(), dv.data(), dp.size(), lr, beta1, beta2, eps, wd, step,
+                              grad_scale, working_out != nullptr ? dw.data() : nullptr,
+                              device_scale > 0.0f ? dscale.data() : nullptr);
+      p = to_host(dp);
+      m = to_host(dm);
+      v = to_host(dv);
+      if (working_out != nullptr) *working_out = to_host(dw);
+    });
+  });
+}
+
+void sgd(vec& p, const vec& g, vec& buf, double lr, double momentum, double wd, bool nesterov, bool first,
+         double grad_scale) {
+  session s;
+  auto dp = to_device<float>(p);
+  auto dg = to_device<float>(g);
+  auto db = to_device<float>(buf);
+  backend_t::sgd_update(dp.data(), dg.data(), db.data(), dp.size(), lr, momentum, wd, nesterov, first, grad_scale);
+  p = to_host(dp);
+  buf = to_host(db);
+}
+
+float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
+  session s;
+  cu::device_buffer<double> ss(1);
+  cu::device_buffer<float> out(1);
+  cu::upload(ss.data(), &sum_squares, 1);
+  backend_t::clip_scale(ss.data(), max_norm, inv_loss_scale, out.data());
+  return to_host(out)[0];
+}
+
+}  // namespace etude::gpu_test

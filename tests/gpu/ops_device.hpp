@@ -1,0 +1,76 @@
+// Host-callable wrappers around the CUDA op set for the gpu tests: each takes host vectors of
+// float (values already representable in the storage dtype), converts them to that dtype, copies
+// them to the device, runs the op on a fresh context, and returns the results widened to float.
+// Compiled by nvcc (ops_device*.cu); the Catch2 tests (ops.cpp) are compiled by g++ and compare
+// against etude::backend::cpu, so neither compiler sees the other's half.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "etude/core/types.hpp"
+
+namespace etude::gpu_test {
+
+enum class dtype { f32, bf16, f16 };
+using vec = std::vector<float>;
+using tokens = std::vector<token_t>;
+
+// Number of usable CUDA devices (0 without driver or device); never throws.
+int device_count();
+std::string device_name();
+
+// C (in/out) = alpha·op(A)·op(B) + beta·C; A and B in `ab`, C in `c`. Returns the number of cached
+// cuBLASLt plans after running the same product `repeat` times.
+std::size_t gemm(dtype ab, dtype c, bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const vec& a,
+                 index_t lda, const vec& b, index_t ldb, float beta, vec& c_io, index_t ldc, bool tf32 = false,
+                 int repeat = 1);
+void gemm_gelu(dtype t, bool ta, bool tb, index_t m, index_t n, index_t k, const vec& a, index_t lda, const vec& b,
+               index_t ldb, vec& pre, vec& act, index_t ldc);
+
+vec convert(dtype dst, dtype src, const vec& x);
+vec fill_zero(dtype t, const vec& x);  // the device buffer holds x, then is zeroed
+vec sinusoid(dtype t, index_t steps, index_t dim);
+
+vec embedding_fwd(dtype t, const tokens& seq, const std::vector<vec>& tables, const vec& pos, index_t batch,
+                  int codebooks, index_t steps, index_t dim);
+// dtables (in/out) in `grad`, dx in `act`.
+void embedding_bwd(dtype grad, dtype act, std::vector<vec>& dtables, const vec& dx, const tokens& seq, index_t batch,
+                   int codebooks, index_t steps, index_t dim);
+
+struct ln_fwd_out {
+  vec y, mean, rstd, x_mid;
+};
+// residual non-empty: the fused residual_layernorm_fwd on x + residual.
+ln_fwd_out layernorm_fwd(dtype t, const vec& x, const vec& residual, const vec& gamma, const vec& beta, index_t rows,
+                         index_t dim);
+// dx (in/out, `act`), dgamma and dbeta (in/out, `grad`).
+void layernorm_bwd(dtype act, dtype grad, vec& dx, vec& dgamma, vec& dbeta, const vec& dy, const vec& x,
+                   const vec& mean, const vec& rstd, const vec& gamma, index_t rows, index_t dim);
+
+struct attn_fwd_out {
+  vec att, lse;
+};
+attn_fwd_out attention_fwd(dtype t, const vec& qkv, index_t batch, index_t steps, int heads, index_t head_dim);
+// att non-empty: the variant that takes the forward's output.
+vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, const vec& att, index_t batch,
+                  index_t steps, int heads, index_t head_dim);
+
+vec gelu_fwd(dtype t, const vec& x);
+vec gelu_bwd(dtype t, const vec& dy, const vec& x);
+
+// logits in/out; returns the summed loss (and checks the async form agrees bit for bit).
+double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, index_t card, float weight);
+
+double sum_squares(dtype t, const vec& x);
+bool all_finite(dtype t, const vec& x);
+
+// AdamW on an fp32 master with fp32 moments; grad in `grad`; working copy in `working` (written when
+// working_out is not null); device_scale > 0 also passes that factor through device memory.
+void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out, double lr, double beta1,
+           double beta2, double eps, double wd, long step, double grad_scale, float device_scale);
+void sgd(vec& p, const vec& g, vec& buf, double lr, double momentum, double wd, bool nesterov, bool first,
+         double grad_scale);
+float clip_scale(double sum_squares, float max_norm, float inv_loss_scale);
+
+}  // namespace etude::gpu_test
