@@ -179,7 +179,7 @@ json run_record(const options& o, const etude::trainer<cfg>& trainer, const json
   r["configuration"] = etude::io::describe_run(trainer);
   r["data"] = data;
   r["batch"] = {{"batch", o.batch}, {"frames", o.frames}, {"microbatches", cfg::microbatches}};
-  r["precision"] = cfg::precision::name;
+  r["precision"] = etude::precision::name_of<cfg::precision>();
   r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
   r["hardware"] = {{"backend", etude::backend::cpu::name}, {"threads", etude::backend::cpu::threads()},
                    {"loader_workers", o.workers}};

@@ -26,11 +26,13 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/data/detail/posix_file.hpp"
 #include "etude/data/detail/xxhash64.hpp"
@@ -141,7 +143,8 @@ checkpoint_snapshot take_snapshot(Trainer& t, const run_state& rs) {
     s.params.emplace_back(w.begin(), w.end());
     for (int k = 0; k < slots; ++k) {
       const auto st = t.optimizer_state(k).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()));
-      s.slots[static_cast<std::size_t>(k)].emplace_back(st.begin(), st.end());
+      auto& out = s.slots[static_cast<std::size_t>(k)].emplace_back(st.size());
+      for (std::size_t i = 0; i < st.size(); ++i) out[i] = etude::convert<float>(st[i]);
     }
   }
   json st = describe_run(t);
@@ -153,6 +156,7 @@ checkpoint_snapshot take_snapshot(Trainer& t, const run_state& rs) {
   st["valid_ce"] = rs.valid_ce ? json(*rs.valid_ce) : json(nullptr);
   st["world_size"] = rs.world_size;
   st["seeds"] = {{"init", t.hyperparameters().seed}};
+  st["loss_scale"] = {{"scale", t.loss_scale()}, {"good_steps", t.good_steps()}, {"skipped_steps", t.skipped_steps()}};
   st["code_version"] = code_version();
   st["etude_version"] = version_string;
   st["extra"] = rs.extra;
@@ -265,7 +269,17 @@ run_state restore(Trainer& t, const checkpoint_file& c) {
     put(s1, std::string("optim.") + detail::slot_name(0, slots) + "." + name);
     if (slots > 1) put(s2, std::string("optim.") + detail::slot_name(1, slots) + "." + name);
   }
-  t.restore(c.step(), p, s1, s2);
+  using state_type = typename Trainer::state_type;
+  if constexpr (std::is_same_v<state_type, float>) {
+    t.restore(c.step(), p, s1, s2);
+  } else {
+    std::vector<state_type> m1(s1.size()), m2(s2.size());
+    for (std::size_t i = 0; i < s1.size(); ++i) m1[i] = etude::convert<state_type>(s1[i]);
+    for (std::size_t i = 0; i < s2.size(); ++i) m2[i] = etude::convert<state_type>(s2[i]);
+    t.restore(c.step(), p, m1, m2);
+  }
+  if (const auto ls = c.state().value("loss_scale", json(nullptr)); ls.is_object())
+    t.set_loss_scale(ls.value("scale", 1.0), ls.value("good_steps", 0L), ls.value("skipped_steps", 0L));
   run_state rs;
   rs.loader = c.state().value("loader", json(nullptr));
   if (c.state().contains("valid_ce") && c.state()["valid_ce"].is_number()) rs.valid_ce = c.state()["valid_ce"].get<double>();

@@ -24,7 +24,7 @@
 
 BOOST_HANA_ADAPT_STRUCT(etude::shape, codebooks, card, dim, heads, layers, ffn_mult, max_len);
 BOOST_HANA_ADAPT_STRUCT(etude::hyper, lr, beta1, beta2, eps, weight_decay, momentum, warmup_steps, total_steps,
-                        min_lr_ratio, clip_norm, seed);
+                        min_lr_ratio, clip_norm, seed, loss_scale, scale_growth, scale_backoff, scale_interval);
 
 namespace etude::track {
 
@@ -48,7 +48,9 @@ json describe_config() {
   j["model"]["shape"] = reflect(model::shape);
   j["model"]["pattern"] = model::pattern::describe();
   j["model"]["parameters"] = model::params::parameter_count();
-  j["precision"] = Config::precision::name;
+  j["precision"]["name"] = precision::name_of<typename Config::precision>();
+  j["precision"]["roles"] = Config::precision::describe();
+  j["checkpointing"] = checkpointing::describe<typename Config::checkpointing>();
   j["accumulate"]["microbatches"] = Config::microbatches;
   j["accumulate"]["loss_norm"] = Config::norm == loss_norm::tokens ? "tokens" : "mean_of_means";
   j["optimizer"] = Config::optimizer::name;

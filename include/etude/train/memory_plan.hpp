@@ -4,7 +4,7 @@
 // scratch layout, the backend's scratch sizes), so the plan and the allocation cannot drift.
 //
 //   constexpr auto plan = etude::plan_memory<cfg, etude::backend::cpu>(4, 1500);  // b, frames
-//   static_assert(etude::fits<plan, etude::hw::h100_80gb>);                       // config/hardware.hpp
+//   static_assert(etude::fits<plan, etude::hw::h100_80gb>);       // train/fits.hpp, config/hardware.hpp
 //   std::cout << plan.table();
 //
 // Components follow the seeds' list: parameters, gradients, optimiser states, activations saved
@@ -31,7 +31,8 @@ struct memory_plan {
   index_t gradients = 0;         // parameter gradients (grad_t)
   index_t optimizer_states = 0;  // moments (state_t)
   index_t activations = 0;       // saved for backward under the checkpoint policy
-  index_t inputs = 0;            // batch tokens + masks, pattern sequences + targets + tables
+  index_t inputs = 0;            // the batch as handed over (all microbatches: tokens + masks),
+                                 // the microbatch's pattern sequences + targets, pattern tables
   index_t temporaries = 0;       // recompute region, backward scratch, attention, positions, gemm
   index_t communication = 0;     // gradient all-reduce buffer (world size > 1)
   index_t reserve = 0;           // held by the backend's allocator beyond the above
@@ -77,7 +78,8 @@ struct memory_plan {
 };
 
 struct plan_options {
-  int threads = 1;     // CPU threads (the CPU attention scratch has one slot per thread)
+  int threads = 1;     // CPU threads: the CPU attention scratch has one slot per thread (trainer::plan
+                       // passes the backend's thread count; a GPU backend ignores it)
   int world_size = 1;  // data-parallel ranks (communication buffers)
 };
 
