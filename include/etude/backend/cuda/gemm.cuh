@@ -6,6 +6,8 @@
 // and the heuristic's algorithm are built once per (shape, leading dimensions, transposes, types,
 // pointer alignments) and cached in the context; a call only looks the plan up and launches.
 // cuBLASLt computes in column-major, so the row-major product is run as Cᵀ = op(B)ᵀ·op(A)ᵀ.
+// 16-bit operands want leading dimensions that are multiples of 8 and 16-byte aligned pointers
+// (the tensor-core algorithms); other layouts may find a slower algorithm or none (an error).
 // Not for: batched or strided-batched products (attention has its own kernels).
 #pragma once
 
