@@ -3,9 +3,10 @@
 // (`convert<To>(x)`) or over an array (`convert(dst, src, n)`, OpenMP-parallel and vectorised).
 // Their bits are those of CUDA's __nv_bfloat16 and __half (2 bytes, 2-byte aligned, same
 // encoding), so a buffer of either can be copied to or from the device and reinterpreted.
-// Rounding is integer arithmetic on the source's bits, the same at compile time and whatever the
-// rounding mode; only from double does it add two hardware conversions, which flush-to-zero (never
-// set by etude) would upset for results below 2^-126.
+// Rounding is integer arithmetic on the source's bits (float operations appear only where they are
+// exact or truncate), so it is the same at compile time and whatever the rounding mode or
+// denormal flags; only from double does it add two hardware conversions, which flush-to-zero
+// (never set by etude) would upset for results below 2^-126.
 // Not for: arithmetic. The types have no operators; compute is float, and a value is widened
 // with `static_cast<float>(x)` (exact) and narrowed again with `bf16(f)` / `convert<bf16>(f)`.
 //
@@ -72,39 +73,32 @@ ETUDE_DTYPE_INLINE constexpr std::uint16_t float_to_fp16_bits(float f) noexcept 
   const std::uint32_t normal = (a - (112u << 23) + 0x0fffu + ((a >> 13) & 1u)) >> 13;
   const std::uint32_t finite = normal < 0x7c00u ? normal : 0x7c00u;
 
-  // Subnormal range, |f| < 2^-14: in units of 2^-24 the value is m / 2^s, with m the 24-bit
-  // significand and s = 126 - exponent >= 14. From s = 25 on the value is below half a unit and
-  // rounds to zero (float zero and subnormals included), so s is clamped to 25. The shift by
-  // s - 14 = t in [0, 11] is done in fixed steps of 8, 4, 2, 1 with a sticky bit, because SSE2
-  // has no per-lane variable shift and a variable shift would stop the loop from vectorising.
-  const std::uint32_t e = a >> 23;
-  const std::uint32_t m = (a & 0x007fffffu) | 0x00800000u;
-  const std::uint32_t t = e > 101u ? 112u - e : 11u;
-  std::uint32_t q = m >> 12;            // m >> (12 + t) after the steps; its bit 1 rounds
-  std::uint32_t dropped = m & 0x0fffu;  // nonzero iff a bit below the rounding bit is set
-  // Each step as masks rather than bools and branches, which GCC's vectoriser rejects.
-  const std::uint32_t by8 = 0u - ((t >> 3) & 1u);
-  dropped |= q & 0xffu & by8;
-  q = ((q >> 8) & by8) | (q & ~by8);
-  const std::uint32_t by4 = 0u - ((t >> 2) & 1u);
-  dropped |= q & 0xfu & by4;
-  q = ((q >> 4) & by4) | (q & ~by4);
-  const std::uint32_t by2 = 0u - ((t >> 1) & 1u);
-  dropped |= q & 0x3u & by2;
-  q = ((q >> 2) & by2) | (q & ~by2);
-  const std::uint32_t by1 = 0u - (t & 1u);
-  dropped |= q & 0x1u & by1;
-  q = ((q >> 1) & by1) | (q & ~by1);
-  dropped |= q & 1u;
-  const std::uint32_t sticky = (dropped | (0u - dropped)) >> 31;  // dropped != 0, as 0 or 1
-  const std::uint32_t kept = q >> 2;
+  // Subnormal range, |f| < 2^-14: the result counts units of 2^-24. Scaled by 2^38 (exact) the
+  // value is below 2^24, and truncating it to an integer w (exact too, whatever the rounding mode)
+  // keeps every bit down to 2^-38: w >> 14 is the truncated result, bit 13 the rounding bit, bits
+  // 12..0 and what the truncation dropped (a float below 2^-15 has bits under 2^-38) the sticky
+  // bit. Inputs outside the range are replaced by 0 first, so the conversion is always defined;
+  // so are float subnormals, which round to zero anyway and would slow the multiplication down.
+  const std::uint32_t is_subnormal = 0u - static_cast<std::uint32_t>(a < 0x38800000u);
+  const std::uint32_t is_scaled = 0u - static_cast<std::uint32_t>(a - 0x00800000u < 0x38000000u);
+  const float small = std::bit_cast<float>(a & is_scaled);
+  const float scaled = small * 0x1p38f;
+  const auto w_signed = static_cast<std::int32_t>(scaled);
+  const auto w = static_cast<std::uint32_t>(w_signed);
+  const std::uint32_t truncated =
+      std::bit_cast<std::uint32_t>(static_cast<float>(w_signed)) != std::bit_cast<std::uint32_t>(scaled);
+  const std::uint32_t kept = w >> 14;
+  const std::uint32_t sticky = static_cast<std::uint32_t>((w & 0x1fffu) != 0u) | truncated;
   // Rounding the largest subnormal up gives 0x400, the smallest normal: the encoding carries.
-  const std::uint32_t subnormal = kept + ((q >> 1) & 1u & (sticky | (kept & 1u)));
+  const std::uint32_t subnormal = kept + ((w >> 13) & 1u & (sticky | (kept & 1u)));
 
   // NaN: keep the top payload bits, set the quiet bit (never rounded into infinity).
   const std::uint32_t nan = 0x7e00u | ((a >> 13) & 0x03ffu);
-  const std::uint32_t magnitude = a > 0x7f800000u ? nan : (a < 0x38800000u ? subnormal : finite);
-  return static_cast<std::uint16_t>(sign | magnitude);
+  // The subnormal path is selected with masks, not ?:, so that GCC keeps its float operations
+  // outside a branch (it may not speculate them under -ftrapping-math; a branch stops the
+  // vectoriser).
+  const std::uint32_t other = a > 0x7f800000u ? nan : finite;
+  return static_cast<std::uint16_t>(sign | (subnormal & is_subnormal) | (other & ~is_subnormal));
 }
 
 // IEEE binary16 bits -> float, exact: every binary16 value is a float.
