@@ -67,8 +67,8 @@ TEST_CASE("mixed policies start from the fp32 loss within the dtype's rounding",
   // ~4L+3 stored tensors lie on the path to the logits, each rounded with relative error ≤ u;
   // independent roundings add in quadrature; 4× for correlation (as for the gradients below)
   const double n = 4.0 * shape.layers + 3;
-  CHECK(std::abs(eb - ref) / ref < 4 * std::sqrt(n) * std::ldexp(1.0, -9));
-  CHECK(std::abs(eh - ref) / ref < 4 * std::sqrt(n) * std::ldexp(1.0, -11));
+  CHECK(std::abs(eb - ref) / ref < 4 * std::sqrt(n) * etude::dtype_traits<etude::bf16>::unit_roundoff);
+  CHECK(std::abs(eh - ref) / ref < 4 * std::sqrt(n) * etude::dtype_traits<etude::fp16>::unit_roundoff);
 }
 
 namespace {
@@ -182,7 +182,7 @@ TEST_CASE("fp16 gradients are the scaled fp32 gradients within fp16 rounding", "
   // each gradient comes through ~4L+3 fp16 roundings (u = 2^-11 each) of the activations and
   // their gradients; errors of independent roundings add in quadrature: sqrt(11)·2^-11 ≈ 1.6e-3,
   // and we allow 4× that for the correlation along the residual stream
-  const double bound = 4 * std::sqrt(4.0 * shape.layers + 3) * std::ldexp(1.0, -11);
+  const double bound = 4 * std::sqrt(4.0 * shape.layers + 3) * etude::dtype_traits<etude::fp16>::unit_roundoff;
   std::printf("fp16 gradients against fp32: relative L2 error %.3e (bound %.3e); grad norm %.6f vs %.6f\n", e, bound,
               st.grad_norm, st_ref.grad_norm);
   CHECK(e < bound);

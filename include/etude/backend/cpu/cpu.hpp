@@ -55,7 +55,7 @@ struct cpu {
   // ---- matrix products -----------------------------------------------------------------------
   // Row-major C(m, n) = alpha · op(A)(m, k) · op(B)(k, n) + beta · C. All-float and all-double
   // products go to CBLAS directly; any 16-bit operand sends the product through gemm_tiled.
-  static constexpr index_t gemm_tile = 256;
+  static constexpr index_t gemm_tile = 512;  // 3 MiB of workspace; fewer, larger sgemm calls
   // Floats of workspace a product with a 16-bit operand needs (three tiles); the caller passes it.
   static constexpr index_t gemm_workspace_floats = 3 * gemm_tile * gemm_tile;
   template <class TA, class TB, class TC>
