@@ -3,7 +3,7 @@
 // multiples of the tiles, and determinism (two runs bit-identical). Inputs are drawn in float and
 // rounded to the storage dtype first, so both backends see identical values; the CPU runs in float
 // on them. Bounds come from the dtype:
-//   - u = unit roundoff: 2^-24 (float), 2^-9 (bf16), 2^-11 (fp16).
+//   - u = unit roundoff (dtype_traits): 2^-24 (float), 2^-8 (bf16: 8 significant bits), 2^-11 (fp16).
 //   - A value computed in float from identical inputs and rounded once to the storage type is
 //     within u·|y| of the float result, plus the float computation's own error; so 16-bit results
 //     are compared with the CPU's unrounded float result at u·|y| + (float error).
@@ -37,9 +37,9 @@ namespace dev = etude::gpu_test;
 
 double unit_roundoff(dtype t) {
   switch (t) {
-    case dtype::bf16: return 0x1p-9;
-    case dtype::f16: return 0x1p-11;
-    default: return 0x1p-24;
+    case dtype::bf16: return etude::dtype_traits<etude::bf16>::unit_roundoff;
+    case dtype::f16: return etude::dtype_traits<etude::fp16>::unit_roundoff;
+    default: return etude::dtype_traits<float>::unit_roundoff;
   }
 }
 const char* name(dtype t) { return t == dtype::bf16 ? "bf16" : t == dtype::f16 ? "fp16" : "f32"; }
@@ -201,7 +201,7 @@ TEST_CASE("copy converts, fill_zero zeroes, sinusoid matches AudioCraft's positi
   // both in double, rounded once: equal unless the device's cos/sin differ by an ulp of double
   // right at a float rounding boundary
   check_close(dev::sinusoid(dtype::f32, steps, dim), want, 0x1p-23, 0x1p-30, "sinusoid f32");
-  check_close(dev::sinusoid(dtype::bf16, steps, dim), round_to(dtype::bf16, want), 0x1p-8, 0x1p-30, "sinusoid bf16");
+  check_close(dev::sinusoid(dtype::bf16, steps, dim), round_to(dtype::bf16, want), 0x1p-7, 0x1p-30, "sinusoid bf16");
 }
 
 TEST_CASE("embedding forward and backward match the CPU bit for bit and are deterministic", "[gpu][embedding]") {
