@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it:
 #   1. Release build of the library's tests, examples and benchmarks; ctest (unit, parity,
-#      compile_fail, example, header self-sufficiency);
-#   2. a second build under AddressSanitizer and UndefinedBehaviorSanitizer running the
+#      compile_fail, example, header self-sufficiency); where nvcc exists, every CUDA translation
+#      unit is compiled for sm_80 and sm_90 and the gpu tests run (or report themselves skipped
+#      when there is no device);
+#   2. a second build (CPU only) under AddressSanitizer and UndefinedBehaviorSanitizer running the
 #      unit, parity and example tests;
 #   3. libFuzzer harnesses for the safetensors, checkpoint, shard and manifest readers, briefly;
 #   4. the installed package consumed by find_package, add_subdirectory and FetchContent;
@@ -21,7 +23,7 @@ ctest --test-dir "$out/release" --output-on-failure -j "$jobs"
 
 step "address and undefined-behaviour sanitizers"
 cmake -S "$root" -B "$out/sanitize" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DETUDE_SANITIZE="address;undefined" \
-      -DETUDE_BUILD_BENCH=OFF
+      -DETUDE_BUILD_BENCH=OFF -DETUDE_ENABLE_CUDA=OFF
 cmake --build "$out/sanitize" -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir "$out/sanitize" --output-on-failure -j "$jobs" -L "unit|parity|example"
