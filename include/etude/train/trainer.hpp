@@ -28,6 +28,7 @@
 #include "etude/model/pattern_plan.hpp"
 #include "etude/model/transformer.hpp"
 #include "etude/train/batch.hpp"
+#include "etude/train/batch_check.hpp"
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
 #include "etude/train/stats.hpp"
@@ -150,7 +151,7 @@ class trainer {
   // Validation: forward and loss only, in chunks of the microbatch size. Touches no parameter,
   // gradient or optimiser state.
   eval_stats evaluate(const batch_view& batch) {
-    check_batch(batch, false);
+    check_batch<model>(batch, false, microbatches);
     refresh_working_copy();
     const pattern_plan& plan = plan_for(batch.frames);
     const index_t chunk = std::max<index_t>(1, batch.batch / microbatches);
@@ -292,39 +293,6 @@ class trainer {
     working_stale_ = true;
   }
 
-  void check_batch(const batch_view& b, bool training) const {
-    const std::string what = training ? "training batch" : "evaluation batch";
-    if (b.codebooks != K)
-      throw invalid_input(what + " has " + std::to_string(b.codebooks) + " codebooks but the model has " +
-                          std::to_string(K) + ": pack the data with the model's codec configuration");
-    if (b.batch <= 0 || b.frames <= 0 || b.tokens == nullptr)
-      throw invalid_input(what + " is empty (batch " + std::to_string(b.batch) + ", frames " +
-                          std::to_string(b.frames) + ")");
-    if (training && b.batch % microbatches != 0)
-      throw invalid_input(what + " of " + std::to_string(b.batch) + " examples cannot be split into accumulate<" +
-                          std::to_string(microbatches) + "> microbatches: use a multiple of " +
-                          std::to_string(microbatches));
-    if (b.frames > model::max_frames())
-      throw invalid_input(what + " has " + std::to_string(b.frames) + " frames; with this pattern shape.max_len (" +
-                          std::to_string(S.max_len) + ") allows at most " + std::to_string(model::max_frames()) +
-                          ": crop the segments or raise max_len");
-    for (index_t e = 0; e < b.batch; ++e)
-      for (int k = 0; k < K; ++k)
-        for (index_t t = 0; t < b.frames; ++t) {
-          const index_t i = (e * K + k) * b.frames + t;
-          const token_t v = b.tokens[i];
-          if (v < 0 || v >= S.card)
-            throw invalid_input(what + ": token " + std::to_string(v) + " at example " + std::to_string(e) +
-                                ", codebook " + std::to_string(k) + ", frame " + std::to_string(t) +
-                                " is outside [0, " + std::to_string(S.card) + "): the data was packed for another "
-                                "codec or is corrupt");
-          if (b.mask != nullptr && b.mask[i] > 1)
-            throw invalid_input(what + ": padding mask value " + std::to_string(b.mask[i]) + " at example " +
-                                std::to_string(e) + ", codebook " + std::to_string(k) + ", frame " +
-                                std::to_string(t) + " must be 0 or 1");
-        }
-  }
-
   const pattern_plan& plan_for(index_t frames) {
     if (plan_.frames != frames) {
       plan_ = make_pattern_plan<typename model::pattern>(K, frames);
@@ -375,40 +343,14 @@ class trainer {
             {attention, workspace_layout::attention_values(steps, threads), sizes.gemm > 0 ? gemm : nullptr}};
   }
 
-  // Valid target tokens of codebook k in examples [b0, b0 + nb): frames some logit step predicts
-  // (the pattern mask) that are not padding. Read from the batch, without building sequences.
-  static index_t valid_targets(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb, int k) {
-    index_t n = 0;
-    for (index_t e = b0; e < b0 + nb; ++e)
-      for (index_t s = 0; s < plan.steps; ++s)
-        if (const index_t t = plan.target_at(k, s); t >= 0 && b.valid(e, k, t)) ++n;
-    return n;
-  }
-
   // Forward, loss and backward over every microbatch; gradients end up in grads_.
   step_stats accumulate(const batch_view& batch) {
-    check_batch(batch, true);
+    check_batch<model>(batch, true, microbatches);
     const pattern_plan& plan = plan_for(batch.frames);
     const index_t nb = batch.batch / microbatches, rows = nb * plan.steps;
     // valid target tokens per (microbatch, codebook), needed before any backward for the weights
-    std::vector<index_t> counts(static_cast<std::size_t>(microbatches * K));
-    for (int m = 0; m < microbatches; ++m)
-      for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(m * K + k)] = valid_targets(batch, plan, m * nb, nb, k);
-    std::vector<index_t> totals(K, 0);
-    for (int m = 0; m < microbatches; ++m)
-      for (int k = 0; k < K; ++k) totals[static_cast<std::size_t>(k)] += counts[static_cast<std::size_t>(m * K + k)];
-    for (int k = 0; k < K; ++k) {
-      const index_t n = Config::norm == loss_norm::tokens ? totals[static_cast<std::size_t>(k)] : [&] {
-        index_t least = std::numeric_limits<index_t>::max();
-        for (int m = 0; m < microbatches; ++m) least = std::min(least, counts[static_cast<std::size_t>(m * K + k)]);
-        return least;
-      }();
-      if (n == 0)
-        throw invalid_input("training batch: codebook " + std::to_string(k) + " has no valid target token" +
-                            (Config::norm == loss_norm::tokens ? std::string{} : std::string{" in some microbatch"}) +
-                            " (every position is padding or outside the pattern): longer segments or fewer padded "
-                            "frames are needed");
-    }
+    const step_token_counts tc = count_step_tokens(batch, plan, microbatches, Config::norm);
+    const std::vector<index_t>& totals = tc.totals;
 
     refresh_working_copy();
     Backend::fill_zero(grads_.data(), params::total_floats);
@@ -418,7 +360,7 @@ class trainer {
       net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, plan.steps, w.ops);
       for (int k = 0; k < K; ++k) {
         const auto ku = static_cast<std::size_t>(k);
-        const index_t n = Config::norm == loss_norm::tokens ? totals[ku] : counts[static_cast<std::size_t>(m * K) + ku];
+        const index_t n = tc.normaliser(m, k);
         const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
         // the weight is rounded to the compute type as every backend receives it; the loss
         // scale (a power of two) multiplies it exactly

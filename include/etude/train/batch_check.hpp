@@ -1,0 +1,122 @@
+// What every trainer checks and counts on a batch before it lays it out, shared by the CPU
+// trainer (train/trainer.hpp) and the CUDA trainer (backend/cuda/trainer.cuh) so that both refuse
+// the same batches with the same messages and weight the loss by the same token counts:
+//   check_batch         codebooks, emptiness, divisibility into microbatches, length, token
+//                       range and mask values, with messages that say what to do;
+//   valid_targets       target tokens one codebook's loss sees in a range of examples (the
+//                       pattern mask AND the padding mask), read from the batch directly;
+//   step_token_counts   those counts per (microbatch, codebook) for a training step and the
+//                       number each codebook's loss is divided by under the accumulation policy.
+// Host arithmetic on a batch_view only: no backend, no tensors. Not for: building the pattern
+// sequences and targets (each trainer writes them into its own memory).
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "etude/config/accumulate.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+#include "etude/model/pattern_plan.hpp"
+#include "etude/train/batch.hpp"
+
+namespace etude {
+
+// Throws invalid_input when the batch cannot be trained on (training = true) or evaluated by a
+// model of type Model with accumulate<microbatches>.
+template <class Model>
+void check_batch(const batch_view& b, bool training, int microbatches) {
+  constexpr auto S = Model::shape;
+  constexpr int K = S.codebooks;
+  const std::string what = training ? "training batch" : "evaluation batch";
+  if (b.codebooks != K)
+    throw invalid_input(what + " has " + std::to_string(b.codebooks) + " codebooks but the model has " +
+                        std::to_string(K) + ": pack the data with the model's codec configuration");
+  if (b.batch <= 0 || b.frames <= 0 || b.tokens == nullptr)
+    throw invalid_input(what + " is empty (batch " + std::to_string(b.batch) + ", frames " +
+                        std::to_string(b.frames) + ")");
+  if (training && b.batch % microbatches != 0)
+    throw invalid_input(what + " of " + std::to_string(b.batch) + " examples cannot be split into accumulate<" +
+                        std::to_string(microbatches) + "> microbatches: use a multiple of " +
+                        std::to_string(microbatches));
+  if (b.frames > Model::max_frames())
+    throw invalid_input(what + " has " + std::to_string(b.frames) + " frames; with this pattern shape.max_len (" +
+                        std::to_string(S.max_len) + ") allows at most " + std::to_string(Model::max_frames()) +
+                        ": crop the segments or raise max_len");
+  for (index_t e = 0; e < b.batch; ++e)
+    for (int k = 0; k < K; ++k)
+      for (index_t t = 0; t < b.frames; ++t) {
+        const index_t i = (e * K + k) * b.frames + t;
+        const token_t v = b.tokens[i];
+        if (v < 0 || v >= S.card)
+          throw invalid_input(what + ": token " + std::to_string(v) + " at example " + std::to_string(e) +
+                              ", codebook " + std::to_string(k) + ", frame " + std::to_string(t) +
+                              " is outside [0, " + std::to_string(S.card) + "): the data was packed for another "
+                              "codec or is corrupt");
+        if (b.mask != nullptr && b.mask[i] > 1)
+          throw invalid_input(what + ": padding mask value " + std::to_string(b.mask[i]) + " at example " +
+                              std::to_string(e) + ", codebook " + std::to_string(k) + ", frame " +
+                              std::to_string(t) + " must be 0 or 1");
+      }
+}
+
+// Valid target tokens of codebook k in examples [b0, b0 + nb): frames some logit step predicts
+// (the pattern mask) that are not padding. Read from the batch, without building sequences.
+inline index_t valid_targets(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb, int k) {
+  index_t n = 0;
+  for (index_t e = b0; e < b0 + nb; ++e)
+    for (index_t s = 0; s < plan.steps; ++s)
+      if (const index_t t = plan.target_at(k, s); t >= 0 && b.valid(e, k, t)) ++n;
+  return n;
+}
+
+// The valid target tokens of a training step's microbatches, needed before any backward because
+// they normalise the loss (train_config's loss_norm).
+struct step_token_counts {
+  int microbatches = 1;
+  int codebooks = 0;
+  loss_norm norm = loss_norm::tokens;
+  std::vector<index_t> counts;  // (M, K) per microbatch and codebook
+  std::vector<index_t> totals;  // (K) over the step
+
+  index_t count(int m, int k) const { return counts[static_cast<std::size_t>(m * codebooks + k)]; }
+  index_t total(int k) const { return totals[static_cast<std::size_t>(k)]; }
+  // What microbatch m's loss of codebook k is divided by: the step's tokens of k (tokens), or the
+  // microbatch's own (mean_of_means, whose step then averages the microbatches' means).
+  index_t normaliser(int m, int k) const { return norm == loss_norm::tokens ? total(k) : count(m, k); }
+};
+
+// Counts for a batch of `microbatches` equal microbatches (check_batch first); throws
+// invalid_input when some codebook's loss would divide by zero.
+inline step_token_counts count_step_tokens(const batch_view& batch, const pattern_plan& plan, int microbatches,
+                                           loss_norm norm) {
+  const int K = batch.codebooks;
+  const index_t nb = batch.batch / microbatches;
+  step_token_counts c;
+  c.microbatches = microbatches;
+  c.codebooks = K;
+  c.norm = norm;
+  c.counts.resize(static_cast<std::size_t>(microbatches * K));
+  c.totals.assign(static_cast<std::size_t>(K), 0);
+  for (int m = 0; m < microbatches; ++m)
+    for (int k = 0; k < K; ++k) c.counts[static_cast<std::size_t>(m * K + k)] = valid_targets(batch, plan, m * nb, nb, k);
+  for (int m = 0; m < microbatches; ++m)
+    for (int k = 0; k < K; ++k) c.totals[static_cast<std::size_t>(k)] += c.count(m, k);
+  for (int k = 0; k < K; ++k) {
+    const index_t n = norm == loss_norm::tokens ? c.total(k) : [&] {
+      index_t least = std::numeric_limits<index_t>::max();
+      for (int m = 0; m < microbatches; ++m) least = std::min(least, c.count(m, k));
+      return least;
+    }();
+    if (n == 0)
+      throw invalid_input("training batch: codebook " + std::to_string(k) + " has no valid target token" +
+                          (norm == loss_norm::tokens ? std::string{} : std::string{" in some microbatch"}) +
+                          " (every position is padding or outside the pattern): longer segments or fewer padded "
+                          "frames are needed");
+  }
+  return c;
+}
+
+}  // namespace etude
