@@ -8,6 +8,8 @@
 //   sgd_update: SGD with momentum and optional Nesterov, likewise.
 //   clip_scale: on the device, scale = inv_loss_scale · min(1, max_norm / (norm + 1e-6)) with
 //     norm = sqrt(sum_squares) · inv_loss_scale.
+//   adamw_update_device, sgd_update_device: the same updates with every per-step value in device
+//     memory and a device skip flag, for a step captured once as a CUDA graph (see below).
 // Not for: optimiser state allocation (the memory plan owns it).
 #pragma once
 
@@ -30,40 +32,76 @@ struct adamw_scalars {
   float step_size, bc2_sqrt, decay, w1, b2, w2, eps, grad_scale;
 };
 
-// M master, G gradient, S moments, P working copy (nullable): device types.
+struct sgd_scalars {
+  float lr, momentum, weight_decay, grad_scale;
+  int nesterov, first;
+};
+
+// One element of AdamW on g = grad·scale. M master, G gradient, S moments, P working copy
+// (nullable): device types.
+template <class M, class G, class S, class P>
+__device__ __forceinline__ void adamw_element(index_t i, M* p, const G* grad, S* m, S* v, P* working,
+                                              const adamw_scalars& c, float scale) {
+  const float g = to_float(grad[i]) * scale;
+  float pi = to_float(p[i]) * c.decay;
+  const float m0 = to_float(m[i]);
+  const float mi = m0 + c.w1 * (g - m0);
+  const float vi = to_float(v[i]) * c.b2 + c.w2 * g * g;
+  const S ms = from_float<S>(mi), vs = from_float<S>(vi);
+  m[i] = ms;
+  v[i] = vs;
+  pi -= c.step_size * to_float(ms) / (sqrtf(to_float(vs)) / c.bc2_sqrt + c.eps);
+  const M stored = from_float<M>(pi);
+  p[i] = stored;
+  if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(pi);
+}
+
 template <class M, class G, class S, class P, int Unroll>
 __global__ void adamw_kernel(M* p, const G* grad, S* m, S* v, P* working, index_t n, adamw_scalars c,
                              const float* device_scale) {
   const float scale = device_scale != nullptr ? c.grad_scale * *device_scale : c.grad_scale;
-  grid_stride<Unroll>(n, [&](index_t i) {
-    const float g = to_float(grad[i]) * scale;
-    float pi = to_float(p[i]) * c.decay;
-    const float m0 = to_float(m[i]);
-    const float mi = m0 + c.w1 * (g - m0);
-    const float vi = to_float(v[i]) * c.b2 + c.w2 * g * g;
-    const S ms = from_float<S>(mi), vs = from_float<S>(vi);
-    m[i] = ms;
-    v[i] = vs;
-    pi -= c.step_size * to_float(ms) / (sqrtf(to_float(vs)) / c.bc2_sqrt + c.eps);
-    const M stored = from_float<M>(pi);
-    p[i] = stored;
-    if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(pi);
-  });
+  grid_stride<Unroll>(n, [&](index_t i) { adamw_element(i, p, grad, m, v, working, c, scale); });
+}
+
+// Every per-step value read from device memory: the scalars, the gradient factor, and a flag that
+// skips the whole update (a step whose loss or gradients were not finite).
+template <class M, class G, class S, class P, int Unroll>
+__global__ void adamw_device_kernel(M* p, const G* grad, S* m, S* v, P* working, index_t n, const adamw_scalars* cp,
+                                    const float* grad_scale, const int* skip) {
+  if (*skip != 0) return;
+  const adamw_scalars c = *cp;
+  const float scale = c.grad_scale * *grad_scale;
+  grid_stride<Unroll>(n, [&](index_t i) { adamw_element(i, p, grad, m, v, working, c, scale); });
+}
+
+template <class M, class G, class S, class P>
+__device__ __forceinline__ void sgd_element(index_t i, M* p, const G* grad, S* buf, P* working, float lr, float mu,
+                                            float wd, bool nesterov, bool first, float grad_scale) {
+  const float pi = to_float(p[i]);
+  const float g = to_float(grad[i]) * grad_scale + wd * pi;
+  const S bs = from_float<S>(first ? g : mu * to_float(buf[i]) + g);
+  buf[i] = bs;
+  const float b = to_float(bs);
+  const float next = pi - lr * (nesterov ? g + mu * b : b);
+  const M stored = from_float<M>(next);
+  p[i] = stored;
+  if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(next);
 }
 
 template <class M, class G, class S, class P, int Unroll>
 __global__ void sgd_kernel(M* p, const G* grad, S* buf, P* working, index_t n, float lr, float mu, float wd,
                            bool nesterov, bool first, float grad_scale) {
+  grid_stride<Unroll>(n, [&](index_t i) { sgd_element(i, p, grad, buf, working, lr, mu, wd, nesterov, first, grad_scale); });
+}
+
+template <class M, class G, class S, class P, int Unroll>
+__global__ void sgd_device_kernel(M* p, const G* grad, S* buf, P* working, index_t n, const sgd_scalars* cp,
+                                  const float* grad_scale, const int* skip) {
+  if (*skip != 0) return;
+  const sgd_scalars c = *cp;
+  const float scale = c.grad_scale * *grad_scale;
   grid_stride<Unroll>(n, [&](index_t i) {
-    const float pi = to_float(p[i]);
-    const float g = to_float(grad[i]) * grad_scale + wd * pi;
-    const S bs = from_float<S>(first ? g : mu * to_float(buf[i]) + g);
-    buf[i] = bs;
-    const float b = to_float(bs);
-    const float next = pi - lr * (nesterov ? g + mu * b : b);
-    const M stored = from_float<M>(next);
-    p[i] = stored;
-    if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(next);
+    sgd_element(i, p, grad, buf, working, c.lr, c.momentum, c.weight_decay, c.nesterov != 0, c.first != 0, scale);
   });
 }
 
@@ -120,6 +158,51 @@ void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double moment
 inline void clip_scale(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
   detail::clip_scale_kernel<<<1, 1, 0, current().stream()>>>(sum_squares, max_norm, inv_loss_scale, scale);
   ETUDE_CUDA_CHECK_LAUNCH("clip_scale_kernel");
+}
+
+// ---- device-scalar forms: a step captured once as a CUDA graph and replayed ----------------------
+// The per-step values (learning rate, bias corrections, step number) live in device memory that
+// the step refreshes before the update, and the update reads them when it runs; the gradient
+// factor (clip coefficient / loss scale) and a skip flag are computed on the device by the step.
+// The scalars are formed on the host exactly as adamw_update and sgd_update form them, so both
+// forms take bit-identical steps.
+using adamw_scalars = detail::adamw_scalars;
+using sgd_scalars = detail::sgd_scalars;
+
+// AdamW's scalars for update `step` (from 1); grad_scale multiplies the device factor.
+inline adamw_scalars make_adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                        long step, double grad_scale = 1.0) {
+  return detail::make_adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, static_cast<float>(grad_scale));
+}
+inline sgd_scalars make_sgd_scalars(double lr, double momentum, double weight_decay, bool nesterov, bool first_step,
+                                    double grad_scale = 1.0) {
+  return {static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay),
+          static_cast<float>(grad_scale), nesterov ? 1 : 0, first_step ? 1 : 0};
+}
+
+// adamw_update with *scalars, g = grad · scalars->grad_scale · *grad_scale, and nothing changed
+// when *skip ≠ 0. All three pointers are device memory read when the kernel runs.
+template <class M, class G, class S, class P = M>
+void adamw_update_device(M* p, const G* grad, S* m, S* v, index_t n, const adamw_scalars* scalars,
+                         const float* grad_scale, const int* skip, P* working = nullptr) {
+  if (n <= 0) return;
+  using tune = tuning<op::elementwise, M>;
+  detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
+      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
+          dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
+  ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
+}
+
+// sgd_update likewise.
+template <class M, class G, class S, class P = M>
+void sgd_update_device(M* p, const G* grad, S* buf, index_t n, const sgd_scalars* scalars, const float* grad_scale,
+                       const int* skip, P* working = nullptr) {
+  if (n <= 0) return;
+  using tune = tuning<op::elementwise, M>;
+  detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
+      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
+          dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
+  ETUDE_CUDA_CHECK_LAUNCH("sgd_device_kernel");
 }
 
 }  // namespace etude::cuda
