@@ -1,0 +1,22 @@
+// The configurations the gpu step tests train, shared by the nvcc side (step_device_*.cu, which
+// instantiates etude::cuda::trainer on them) and the g++ side (step.cpp, which runs the CPU
+// trainer on the same types as the oracle). Small on purpose: K = 4 codebooks of 64 entries,
+// dim 128, 2 heads of 64 (the CUDA attention supports head dimensions 64 and 128), 2 layers,
+// MusicGen's delay pattern, accumulate<2>: a step takes milliseconds on a GPU.
+#pragma once
+
+#include "etude/config/pattern.hpp"
+#include "etude/config/shape.hpp"
+#include "etude/config/train_config.hpp"
+#include "etude/model/model.hpp"
+
+namespace etude::gpu_test::step {
+
+inline constexpr etude::shape shape{.codebooks = 4, .card = 64, .dim = 128, .heads = 2, .layers = 2, .max_len = 128};
+using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
+
+using fp32_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>>;
+using bf16_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>>;
+using fp16_config = etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>>;
+
+}  // namespace etude::gpu_test::step

@@ -1,0 +1,53 @@
+// The CUDA trainer behind a virtual interface, so that the Catch2 tests (step.cpp, compiled by
+// g++ with the CPU trainer as the oracle) drive it without seeing CUDA: each step_device_*.cu
+// instantiates etude::cuda::trainer for one configuration of step_configs.hpp.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "etude/config/train_config.hpp"
+#include "etude/core/types.hpp"
+#include "etude/train/batch.hpp"
+#include "etude/train/stats.hpp"
+
+namespace etude::gpu_test::step {
+
+// Device memory after training against the memory plan of the same microbatch and frames.
+struct memory_report {
+  memory_stats measured;
+  index_t plan_total = 0;         // plan_memory<Config, backend::cuda>(microbatch, frames).total()
+  index_t plan_host_inputs = 0;   // the plan's inputs that stay on the host: the batch as handed
+                                  // over (tokens + mask) and the pattern tables
+  index_t input_staging = 0;      // device input slot the last step read (not in the plan)
+  index_t op_scratch = 0;         // the context's op scratch (not in the plan)
+  index_t control = 0;            // device copies of the per-step scalars and results
+};
+
+class device_trainer {
+ public:
+  virtual ~device_trainer() = default;
+  virtual step_stats step(const batch_view& batch) = 0;
+  virtual step_stats loss_and_gradients(const batch_view& batch) = 0;
+  virtual eval_stats evaluate(const batch_view& batch) = 0;
+  virtual void prefetch(const batch_view& next) = 0;
+  virtual void use_graphs(bool on) = 0;
+  virtual std::vector<float> parameters() const = 0;
+  virtual std::vector<float> gradients() const = 0;
+  virtual std::vector<float> optimizer_state(int i) const = 0;
+  virtual void set_parameters(std::span<const float> master) = 0;
+  virtual long steps_done() const = 0;
+  virtual double loss_scale() const = 0;
+  virtual long skipped_steps() const = 0;
+  virtual std::size_t cached_graphs() const = 0;
+  virtual memory_report memory(index_t microbatch, index_t frames) const = 0;
+};
+
+// One per configuration (step_device_fp32.cu, step_device_bf16.cu, step_device_fp16.cu).
+std::unique_ptr<device_trainer> make_fp32(const hyper& h);
+std::unique_ptr<device_trainer> make_bf16(const hyper& h);
+std::unique_ptr<device_trainer> make_fp16(const hyper& h);
+
+}  // namespace etude::gpu_test::step
