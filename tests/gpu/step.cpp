@@ -124,7 +124,7 @@ TEST_CASE("fp32 device step matches the CPU trainer", "[gpu][step]") {
   CHECK(g.tokens == c.tokens);
   CHECK(g.tokens_q == c.tokens_q);
   CHECK(relative(g.ce, c.ce) <= 1e-5);
-  for (int k = 0; k < K; ++k) CHECK(relative(g.ce_q[static_cast<std::size_t>(k)], c.ce_q[static_cast<std::size_t>(k)]) <= 1e-5);
+  for (std::size_t k = 0; k < static_cast<std::size_t>(K); ++k) CHECK(relative(g.ce_q[k], c.ce_q[k]) <= 1e-5);
   CHECK(relative(g.grad_norm, c.grad_norm) <= 1e-5);
   check_tensors(gpu->gradients(), as_vector(cpu.gradients()), 1e-4, "fp32 gradients");
 

@@ -460,7 +460,8 @@ class trainer {
   // slots as staged by the last step, and the pinned-struct mirrors on the device.
   index_t input_staging_bytes() const { return staged_bytes_; }
   static constexpr index_t control_bytes =
-      static_cast<index_t>(sizeof(detail::trainer_scalars<microbatches * K>) + sizeof(detail::trainer_results<microbatches * K>));
+      static_cast<index_t>(sizeof(detail::trainer_scalars<microbatches * K>) +
+                           sizeof(detail::trainer_results<microbatches * K>));
   // Executable graphs held (one per batch shape and input slot stepped with graphs on).
   std::size_t cached_graphs() const { return graphs_.size(); }
 
@@ -697,7 +698,8 @@ class trainer {
     return reinterpret_cast<T*>(reinterpret_cast<byte_t*>(base) + offset);
   }
   const float* weight_at(int i) const {
-    return field<const float>(scalars_dev_.data(), offsetof(scalars_t, weight) + sizeof(float) * static_cast<std::size_t>(i));
+    return field<const float>(scalars_dev_.data(),
+                              offsetof(scalars_t, weight) + sizeof(float) * static_cast<std::size_t>(i));
   }
   double* loss_at(int i) {
     return field<double>(results_dev_.data(), offsetof(results_t, loss) + sizeof(double) * static_cast<std::size_t>(i));
@@ -758,7 +760,8 @@ class trainer {
     const activation_type* lnf = net::template final_at<activation_type>(w.saved, final_slot::lnf, rows);
     const param_type* wk = net::param(weights(), param_kind::head, -1, k);
     net::mm(w.ops, false, true, rows, C, D, 1.0, lnf, D, wk, D, 0.0, w.scratch.logits, C);
-    ::etude::cuda::softmax_xent_weighted_async(w.scratch.logits, w.target + k * rows, rows, C, weight_at(m * K + k), loss_at(m * K + k));
+    ::etude::cuda::softmax_xent_weighted_async(w.scratch.logits, w.target + k * rows, rows, C, weight_at(m * K + k),
+                                               loss_at(m * K + k));
     net::mm(w.ops, false, false, rows, D, C, 1.0, w.scratch.logits, C, wk, D, k == 0 ? 0.0 : 1.0, w.scratch.dh, D);
     net::mm(w.ops, true, false, C, D, rows, 1.0, w.scratch.logits, C, lnf, D, 1.0,
             net::param(grads_.data(), param_kind::head, -1, k), D);
