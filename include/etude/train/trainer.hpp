@@ -28,6 +28,7 @@
 #include "etude/model/pattern_plan.hpp"
 #include "etude/model/transformer.hpp"
 #include "etude/train/batch.hpp"
+#include "etude/train/detail/step_rules.hpp"
 #include "etude/train/batch_check.hpp"
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
@@ -57,14 +58,14 @@ class trainer {
                 "the backend does not implement etude's op set for this precision policy (see backend/op_set.hpp)");
 
   explicit trainer(const hyper& h = {}) : hyper_(h) {
-    validate(h);
+    detail::validate_hyper<Config>(h);
     master_.resize(params::total_floats);
     if constexpr (policy::has_master) working_.resize(params::total_floats);
     grads_.resize(params::total_floats);
     state1_.resize(params::total_floats);
     if constexpr (Config::optimizer::state_tensors > 1) state2_.resize(params::total_floats);
-    scale_ = policy::loss_scaled ? h.loss_scale : 1.0;
-    initialise(h.seed);
+    scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
+    detail::initialise_parameters<params>(master_.data(), h.seed);
   }
 
   // The memory plan of this trainer for microbatches of b examples of `frames` frames, with the
@@ -86,22 +87,16 @@ class trainer {
   // norm, clipping and the update see the unscaled gradients.
   step_stats step(const batch_view& batch) {
     step_stats st = accumulate(batch);
-    st.scale = scale_;
+    st.scale = scaler_.scale;
     const double norm_scaled = std::sqrt(Backend::sum_squares(grads_.data(), params::total_floats));
-    st.grad_norm = norm_scaled / scale_;
+    st.grad_norm = norm_scaled / scaler_.scale;
     if (!std::isfinite(st.ce) || !std::isfinite(norm_scaled)) {
       if constexpr (policy::loss_scaled) {
         if (std::isfinite(st.ce)) {
           Backend::fill_zero(grads_.data(), params::total_floats);
-          ++skipped_;
-          good_steps_ = 0;
-          scale_ *= hyper_.scale_backoff;
-          if (!(scale_ >= min_loss_scale))
-            throw non_finite("step " + std::to_string(step_) + ": the loss scale fell below " +
-                             std::to_string(min_loss_scale) + " and the gradients still overflow; the model has "
-                             "diverged. Lower the learning rate or use the bf16 or fp32 policy");
+          scaler_.overflowed(hyper_, step_);
           st.skipped = true;
-          st.skipped_steps = skipped_;
+          st.skipped_steps = scaler_.skipped;
           st.step = step_;
           st.lr = learning_rate<typename Config::schedule>(hyper_, step_);
           st.memory = memory_;
@@ -110,28 +105,16 @@ class trainer {
       }
       const std::string where = first_non_finite_gradient();
       Backend::fill_zero(grads_.data(), params::total_floats);
-      throw non_finite("step " + std::to_string(step_) + ": " +
-                       (std::isfinite(st.ce) ? "gradient" : "loss") + " is not finite" +
-                       (where.empty() ? std::string{} : " (first in " + where + ")") +
-                       "; no parameter or optimiser state was changed. Lower the learning rate, check the "
-                       "data, or use a loss-scaled precision policy");
+      throw detail::non_finite_step(step_, !std::isfinite(st.ce), where);
     }
     st.lr = learning_rate<typename Config::schedule>(hyper_, step_);
-    if (hyper_.clip_norm > 0.0) {
-      const double coef = hyper_.clip_norm / (st.grad_norm + 1e-6);
-      if (coef < 1.0) st.clip_coef = coef;
-    }
+    st.clip_coef = detail::clip_coefficient(hyper_, st.grad_norm);
     ++step_;
-    update(st.lr, st.clip_coef / scale_);
+    update(st.lr, st.clip_coef / scaler_.scale);
     Backend::fill_zero(grads_.data(), params::total_floats);
-    if constexpr (policy::loss_scaled) {
-      if (++good_steps_ >= hyper_.scale_interval) {
-        scale_ *= hyper_.scale_growth;
-        good_steps_ = 0;
-      }
-    }
+    if constexpr (policy::loss_scaled) scaler_.applied(hyper_);
     st.step = step_;
-    st.skipped_steps = skipped_;
+    st.skipped_steps = scaler_.skipped;
     st.memory = memory_;
     return st;
   }
@@ -141,10 +124,10 @@ class trainer {
   // (overwritten). For gradient checks, parity tests and diagnostics.
   step_stats loss_and_gradients(const batch_view& batch) {
     step_stats st = accumulate(batch);
-    st.scale = scale_;
-    st.grad_norm = std::sqrt(Backend::sum_squares(grads_.data(), params::total_floats)) / scale_;
+    st.scale = scaler_.scale;
+    st.grad_norm = std::sqrt(Backend::sum_squares(grads_.data(), params::total_floats)) / scaler_.scale;
     st.step = step_;
-    st.skipped_steps = skipped_;
+    st.skipped_steps = scaler_.skipped;
     return st;
   }
 
@@ -167,7 +150,7 @@ class trainer {
                                                       w.target + k * nb * plan.steps, k, nb * plan.steps, 0.0, w.ops);
     }
     eval_stats st;
-    fill_stats(st, sums, counts, batch);
+    detail::fill_stats<K>(st, sums, counts, batch);
     return st;
   }
 
@@ -192,17 +175,17 @@ class trainer {
 
   // Loss scaling: the current scale (1 without), steps skipped so far, good steps since the last
   // change of scale. Saved with checkpoints; set_loss_scale restores them (or forces a scale).
-  double loss_scale() const { return scale_; }
-  long skipped_steps() const { return skipped_; }
-  long good_steps() const { return good_steps_; }
+  double loss_scale() const { return scaler_.scale; }
+  long skipped_steps() const { return scaler_.skipped; }
+  long good_steps() const { return scaler_.good_steps; }
   void set_loss_scale(double scale, long good_steps = 0, long skipped = -1) {
     if (!(scale > 0.0) || !std::isfinite(scale) || good_steps < 0)
       throw invalid_argument("trainer::set_loss_scale: the scale must be finite and > 0 and good_steps >= 0");
     if (!policy::loss_scaled && scale != 1.0)
       throw invalid_argument("trainer::set_loss_scale: this precision policy does not scale the loss (scale 1)");
-    scale_ = scale;
-    good_steps_ = good_steps;
-    if (skipped >= 0) skipped_ = skipped;
+    scaler_.scale = scale;
+    scaler_.good_steps = good_steps;
+    if (skipped >= 0) scaler_.skipped = skipped;
   }
 
   // Memory of the training state and workspaces (see memory_stats): allocated counts what the
@@ -236,10 +219,6 @@ class trainer {
   template <class T>
   static std::span<T> span_of(buffer<T>& b) { return {b.data(), static_cast<std::size_t>(b.size())}; }
 
-  // Below this the scaler gives up: gradients that overflow at a scale of 2^-24 are not an fp16
-  // range problem but a divergence.
-  static constexpr double min_loss_scale = 1.0 / 16777216.0;
-
   // The weights the passes read: the working copy under mixed policies, else the master.
   const param_type* weights() const {
     if constexpr (policy::has_master) return working_.data();
@@ -249,48 +228,6 @@ class trainer {
     if constexpr (policy::has_master)
       if (working_stale_) Backend::copy(working_.data(), master_.data(), params::total_floats);
     working_stale_ = false;
-  }
-
-  static void validate(const hyper& h) {
-    auto fail = [](const std::string& what) { throw invalid_argument("etude::hyper: " + what); };
-    if (!(h.lr >= 0.0) || !std::isfinite(h.lr)) fail("lr must be a finite value >= 0");
-    if (!(h.beta1 >= 0.0 && h.beta1 < 1.0)) fail("beta1 must be in [0, 1)");
-    if (!(h.beta2 >= 0.0 && h.beta2 < 1.0)) fail("beta2 must be in [0, 1)");
-    if (!(h.eps > 0.0)) fail("eps must be > 0");
-    if (!(h.weight_decay >= 0.0)) fail("weight_decay must be >= 0");
-    if (!(h.momentum >= 0.0)) fail("momentum must be >= 0");
-    if (h.warmup_steps < 0) fail("warmup_steps must be >= 0");
-    if (!(h.clip_norm >= 0.0)) fail("clip_norm must be >= 0 (0 disables clipping)");
-    if (!(h.min_lr_ratio >= 0.0 && h.min_lr_ratio <= 1.0)) fail("min_lr_ratio must be in [0, 1]");
-    if constexpr (policy::loss_scaled) {
-      if (!(h.loss_scale > 0.0) || !std::isfinite(h.loss_scale)) fail("loss_scale must be finite and > 0");
-      if (!(h.scale_growth >= 1.0) || !std::isfinite(h.scale_growth)) fail("scale_growth must be finite and >= 1");
-      if (!(h.scale_backoff > 0.0 && h.scale_backoff < 1.0)) fail("scale_backoff must be in (0, 1)");
-      if (h.scale_interval < 1) fail("scale_interval must be >= 1");
-    }
-    using sched = typename Config::schedule;
-    if constexpr (std::is_same_v<sched, schedule::cosine> || std::is_same_v<sched, schedule::linear>)
-      if (h.total_steps <= h.warmup_steps)
-        fail("total_steps (" + std::to_string(h.total_steps) + ") must exceed warmup_steps (" +
-             std::to_string(h.warmup_steps) + ") for the " + sched::name + " schedule");
-  }
-
-  void initialise(unsigned long long seed) {
-    for (std::size_t i = 0; i < params::count; ++i) {
-      const param_desc& p = params::entries[i];
-      value_type* w = master_.data() + p.offset;
-      rng r(seed, i);
-      const double scale = init_scale(p);
-      for (index_t j = 0; j < p.numel(); ++j) {
-        switch (p.init) {
-          case init_kind::truncated_normal: w[j] = static_cast<value_type>(r.truncated_normal(scale)); break;
-          case init_kind::uniform: w[j] = static_cast<value_type>(r.uniform(-scale, scale)); break;
-          case init_kind::ones: w[j] = value_type(1); break;
-          case init_kind::zeros: w[j] = value_type(0); break;
-        }
-      }
-    }
-    working_stale_ = true;
   }
 
   const pattern_plan& plan_for(index_t frames) {
@@ -366,7 +303,7 @@ class trainer {
         // scale (a power of two) multiplies it exactly
         const double weight =
             static_cast<double>(static_cast<compute_type>(scale / (static_cast<double>(K) * static_cast<double>(n)))) *
-            scale_;
+            scaler_.scale;
         const double loss = net::head(weights(), grads_.data(), w.saved, w.scratch.logits, w.scratch.dh,
                                       w.target + k * rows, k, rows, weight, w.ops);
         sums[ku] += loss;
@@ -375,38 +312,9 @@ class trainer {
       net::backward(weights(), grads_.data(), w.saved, w.work, w.seq, nb, plan.steps, w.scratch, w.ops);
     }
     step_stats st;
-    if constexpr (Config::norm == loss_norm::tokens) {
-      fill_stats(st, sums, totals, batch);
-    } else {
-      fill_stats(st, sums, totals, batch);
-      st.ce = 0.0;
-      for (int k = 0; k < K; ++k) {
-        const auto ku = static_cast<std::size_t>(k);
-        st.ce_q[ku] = means[ku];
-        st.ppl_q[ku] = std::exp(means[ku]);
-        st.ce += means[ku] / K;
-      }
-      st.ppl = std::exp(st.ce);
-    }
+    detail::fill_stats<K>(st, sums, totals, batch);
+    if constexpr (Config::norm != loss_norm::tokens) detail::apply_mean_of_means<K>(st, means);
     return st;
-  }
-
-  static void fill_stats(eval_stats& st, const std::vector<double>& sums, const std::vector<index_t>& counts,
-                         const batch_view& batch) {
-    st.ce_q.assign(K, 0.0);
-    st.ppl_q.assign(K, 0.0);
-    st.tokens_q = counts;
-    st.ce = 0.0;
-    st.tokens = 0;
-    for (int k = 0; k < K; ++k) {
-      const auto ku = static_cast<std::size_t>(k);
-      st.ce_q[ku] = counts[ku] > 0 ? sums[ku] / static_cast<double>(counts[ku]) : std::numeric_limits<double>::quiet_NaN();
-      st.ppl_q[ku] = std::exp(st.ce_q[ku]);
-      st.ce += st.ce_q[ku] / K;
-      st.tokens += counts[ku];
-    }
-    st.ppl = std::exp(st.ce);
-    st.frames = batch.batch * batch.frames;
   }
 
   // grad_scale: the clip coefficient over the loss scale, applied to every gradient in the update.
@@ -448,9 +356,7 @@ class trainer {
   hyper hyper_;
   memory_stats memory_;
   long step_ = 0;
-  double scale_ = 1.0;
-  long skipped_ = 0;
-  long good_steps_ = 0;
+  detail::loss_scaler scaler_;
   bool working_stale_ = true;
   buffer<value_type> master_;   // the weights (the fp32 master copy under mixed policies)
   buffer<param_type> working_;  // the rounded working copy (mixed policies only)

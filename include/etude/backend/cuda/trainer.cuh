@@ -45,6 +45,7 @@
 #include "etude/model/transformer.hpp"
 #include "etude/train/batch.hpp"
 #include "etude/train/batch_check.hpp"
+#include "etude/train/detail/step_rules.hpp"
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
 #include "etude/train/stats.hpp"
@@ -217,7 +218,7 @@ class trainer {
   // generator streams), uploads them, and allocates the training state on `device` (< 0: the
   // calling thread's current device).
   explicit trainer(const hyper& h = {}, int device = -1) : hyper_(h), ctx_(device) {
-    validate(h);
+    ::etude::detail::validate_hyper<Config>(h);
     scope sc(ctx_);
     copy_stream_ = detail::stream_handle(cudaStreamNonBlocking);
     for (input_slot& in : slots_) {
@@ -238,9 +239,9 @@ class trainer {
     results_host_ = pinned_buffer<results_t>(1);
     std::memset(static_cast<void*>(scalars_host_.data()), 0, sizeof(scalars_t));
     std::memset(static_cast<void*>(results_host_.data()), 0, sizeof(results_t));
-    scale_ = policy::loss_scaled ? h.loss_scale : 1.0;
+    scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
     std::vector<value_type> host(static_cast<std::size_t>(P), value_type(0));
-    initialise(host, h.seed);
+    ::etude::detail::initialise_parameters<params>(host.data(), h.seed);
     upload_master(host);
     ctx_.synchronize();
     note_memory();
@@ -271,22 +272,16 @@ class trainer {
     const results_t& r = *results_host_.data();
 
     step_stats st = loss_stats(r, in.counts, batch);
-    st.scale = scale_;
+    st.scale = scaler_.scale;
     const double norm_scaled = std::sqrt(r.sum_squares);
-    st.grad_norm = norm_scaled / scale_;
+    st.grad_norm = norm_scaled / scaler_.scale;
     if (r.status != 0) {
       if constexpr (policy::loss_scaled) {
         if ((r.status & detail::trainer_loss_not_finite) == 0) {
           // the device skipped the update and cleared the gradients
-          ++skipped_;
-          good_steps_ = 0;
-          scale_ *= hyper_.scale_backoff;
-          if (!(scale_ >= min_loss_scale))
-            throw non_finite("step " + std::to_string(step_) + ": the loss scale fell below " +
-                             std::to_string(min_loss_scale) + " and the gradients still overflow; the model has "
-                             "diverged. Lower the learning rate or use the bf16 or fp32 policy");
+          scaler_.overflowed(hyper_, step_);
           st.skipped = true;
-          st.skipped_steps = skipped_;
+          st.skipped_steps = scaler_.skipped;
           st.step = step_;
           st.lr = lr;
           st.memory = memory_;
@@ -298,26 +293,14 @@ class trainer {
       ::etude::cuda::fill_zero(grads_.data(), P);
       ctx_.synchronize();
       grads_dirty_ = false;
-      throw non_finite("step " + std::to_string(step_) + ": " +
-                       ((r.status & detail::trainer_loss_not_finite) == 0 ? "gradient" : "loss") + " is not finite" +
-                       (where.empty() ? std::string{} : " (first in " + where + ")") +
-                       "; no parameter or optimiser state was changed. Lower the learning rate, check the "
-                       "data, or use a loss-scaled precision policy");
+      throw ::etude::detail::non_finite_step(step_, (r.status & detail::trainer_loss_not_finite) != 0, where);
     }
     st.lr = lr;
-    if (hyper_.clip_norm > 0.0) {
-      const double coef = hyper_.clip_norm / (st.grad_norm + 1e-6);
-      if (coef < 1.0) st.clip_coef = coef;
-    }
+    st.clip_coef = ::etude::detail::clip_coefficient(hyper_, st.grad_norm);
     ++step_;
-    if constexpr (policy::loss_scaled) {
-      if (++good_steps_ >= hyper_.scale_interval) {
-        scale_ *= hyper_.scale_growth;
-        good_steps_ = 0;
-      }
-    }
+    if constexpr (policy::loss_scaled) scaler_.applied(hyper_);
     st.step = step_;
-    st.skipped_steps = skipped_;
+    st.skipped_steps = scaler_.skipped;
     st.memory = memory_;
     return st;
   }
@@ -333,10 +316,10 @@ class trainer {
     grads_dirty_ = true;
     const results_t& r = *results_host_.data();
     step_stats st = loss_stats(r, in.counts, batch);
-    st.scale = scale_;
-    st.grad_norm = std::sqrt(r.sum_squares) / scale_;
+    st.scale = scaler_.scale;
+    st.grad_norm = std::sqrt(r.sum_squares) / scaler_.scale;
     st.step = step_;
-    st.skipped_steps = skipped_;
+    st.skipped_steps = scaler_.skipped;
     st.memory = memory_;
     return st;
   }
@@ -386,7 +369,7 @@ class trainer {
     std::vector<double> sums(K);
     for (int k = 0; k < K; ++k) sums[static_cast<std::size_t>(k)] = results_host_.data()->loss[k];
     eval_stats st;
-    fill_stats(st, sums, counts, batch);
+    ::etude::detail::fill_stats<K>(st, sums, counts, batch);
     return st;
   }
 
@@ -447,9 +430,9 @@ class trainer {
   }
 
   long steps_done() const { return step_; }
-  double loss_scale() const { return scale_; }
-  long skipped_steps() const { return skipped_; }
-  long good_steps() const { return good_steps_; }
+  double loss_scale() const { return scaler_.scale; }
+  long skipped_steps() const { return scaler_.skipped; }
+  long good_steps() const { return scaler_.good_steps; }
   const hyper& hyperparameters() const { return hyper_; }
 
   // Device memory: allocated = the state, the arena as far as the last step or evaluation
@@ -472,7 +455,6 @@ class trainer {
   static constexpr int N = microbatches * K;
   using scalars_t = detail::trainer_scalars<N>;
   using results_t = detail::trainer_results<N>;
-  static constexpr double min_loss_scale = 1.0 / 16777216.0;  // as etude::trainer
   static constexpr std::size_t max_graphs = 8;
 
   // A batch laid out for the device: per microbatch its pattern sequences then its targets, with
@@ -508,49 +490,6 @@ class trainer {
     void* scratch = nullptr;  // the context's scratch when captured: a graph holds its address
     long used = 0;
   };
-
-  // ---- host-side setup (as etude::trainer) --------------------------------------------------------
-  static void validate(const hyper& h) {
-    auto fail = [](const std::string& what) { throw invalid_argument("etude::hyper: " + what); };
-    if (!(h.lr >= 0.0) || !std::isfinite(h.lr)) fail("lr must be a finite value >= 0");
-    if (!(h.beta1 >= 0.0 && h.beta1 < 1.0)) fail("beta1 must be in [0, 1)");
-    if (!(h.beta2 >= 0.0 && h.beta2 < 1.0)) fail("beta2 must be in [0, 1)");
-    if (!(h.eps > 0.0)) fail("eps must be > 0");
-    if (!(h.weight_decay >= 0.0)) fail("weight_decay must be >= 0");
-    if (!(h.momentum >= 0.0)) fail("momentum must be >= 0");
-    if (h.warmup_steps < 0) fail("warmup_steps must be >= 0");
-    if (!(h.clip_norm >= 0.0)) fail("clip_norm must be >= 0 (0 disables clipping)");
-    if (!(h.min_lr_ratio >= 0.0 && h.min_lr_ratio <= 1.0)) fail("min_lr_ratio must be in [0, 1]");
-    if constexpr (policy::loss_scaled) {
-      if (!(h.loss_scale > 0.0) || !std::isfinite(h.loss_scale)) fail("loss_scale must be finite and > 0");
-      if (!(h.scale_growth >= 1.0) || !std::isfinite(h.scale_growth)) fail("scale_growth must be finite and >= 1");
-      if (!(h.scale_backoff > 0.0 && h.scale_backoff < 1.0)) fail("scale_backoff must be in (0, 1)");
-      if (h.scale_interval < 1) fail("scale_interval must be >= 1");
-    }
-    using sched = typename Config::schedule;
-    if constexpr (std::is_same_v<sched, schedule::cosine> || std::is_same_v<sched, schedule::linear>)
-      if (h.total_steps <= h.warmup_steps)
-        fail("total_steps (" + std::to_string(h.total_steps) + ") must exceed warmup_steps (" +
-             std::to_string(h.warmup_steps) + ") for the " + sched::name + " schedule");
-  }
-
-  // etude::trainer's initialisation, value for value.
-  static void initialise(std::vector<value_type>& master, unsigned long long seed) {
-    for (std::size_t i = 0; i < params::count; ++i) {
-      const param_desc& p = params::entries[i];
-      value_type* w = master.data() + p.offset;
-      rng r(seed, i);
-      const double scale = init_scale(p);
-      for (index_t j = 0; j < p.numel(); ++j) {
-        switch (p.init) {
-          case init_kind::truncated_normal: w[j] = static_cast<value_type>(r.truncated_normal(scale)); break;
-          case init_kind::uniform: w[j] = static_cast<value_type>(r.uniform(-scale, scale)); break;
-          case init_kind::ones: w[j] = value_type(1); break;
-          case init_kind::zeros: w[j] = value_type(0); break;
-        }
-      }
-    }
-  }
 
   void upload_master(const std::vector<value_type>& host) {
     ETUDE_CUDA_CHECK(cudaMemcpyAsync(master_.data(), host.data(), static_cast<std::size_t>(P) * sizeof(value_type),
@@ -676,7 +615,7 @@ class trainer {
     else
       c.sgd = ::etude::cuda::make_sgd_scalars(lr, h.momentum, h.weight_decay, opt::nesterov, step_ + 1 == 1);
     c.clip_norm = h.clip_norm;
-    c.loss_scale = scale_;
+    c.loss_scale = scaler_.scale;
     c.loss_scaled = policy::loss_scaled ? 1 : 0;
     for (int m = 0; m < microbatches; ++m)
       for (int k = 0; k < K; ++k) {
@@ -686,7 +625,7 @@ class trainer {
         // of two, exact), then handed to the kernel as float
         const double weight =
             static_cast<double>(static_cast<compute_type>(scale / (static_cast<double>(K) * static_cast<double>(n)))) *
-            scale_;
+            scaler_.scale;
         c.weight[m * K + k] = static_cast<float>(weight);
       }
   }
@@ -907,36 +846,9 @@ class trainer {
         means[ku] += loss / static_cast<double>(tc.normaliser(m, k)) * scale;
       }
     step_stats st;
-    fill_stats(st, sums, tc.totals, batch);
-    if constexpr (Config::norm != loss_norm::tokens) {
-      st.ce = 0.0;
-      for (int k = 0; k < K; ++k) {
-        const auto ku = static_cast<std::size_t>(k);
-        st.ce_q[ku] = means[ku];
-        st.ppl_q[ku] = std::exp(means[ku]);
-        st.ce += means[ku] / K;
-      }
-      st.ppl = std::exp(st.ce);
-    }
+    ::etude::detail::fill_stats<K>(st, sums, tc.totals, batch);
+    if constexpr (Config::norm != loss_norm::tokens) ::etude::detail::apply_mean_of_means<K>(st, means);
     return st;
-  }
-
-  static void fill_stats(eval_stats& st, const std::vector<double>& sums, const std::vector<index_t>& counts,
-                         const batch_view& batch) {
-    st.ce_q.assign(K, 0.0);
-    st.ppl_q.assign(K, 0.0);
-    st.tokens_q = counts;
-    st.ce = 0.0;
-    st.tokens = 0;
-    for (int k = 0; k < K; ++k) {
-      const auto ku = static_cast<std::size_t>(k);
-      st.ce_q[ku] = counts[ku] > 0 ? sums[ku] / static_cast<double>(counts[ku]) : std::numeric_limits<double>::quiet_NaN();
-      st.ppl_q[ku] = std::exp(st.ce_q[ku]);
-      st.ce += st.ce_q[ku] / K;
-      st.tokens += counts[ku];
-    }
-    st.ppl = std::exp(st.ce);
-    st.frames = batch.batch * batch.frames;
   }
 
   std::string first_non_finite_gradient() const {
@@ -964,9 +876,7 @@ class trainer {
   detail::stream_handle copy_stream_;
   memory_stats memory_;
   long step_ = 0;
-  double scale_ = 1.0;
-  long skipped_ = 0;
-  long good_steps_ = 0;
+  ::etude::detail::loss_scaler scaler_;
   bool graphs_on_ = true;
   bool grads_dirty_ = false;
   device_buffer<value_type> master_;   // the weights (the fp32 master copy under mixed policies)
