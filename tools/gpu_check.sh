@@ -23,7 +23,9 @@
 # may lack OpenBLAS, Catch2 or nlohmann_json, which the whole project's configure requires), the
 # script builds the GPU programs directly with nvcc and g++: the benchmarks need nothing else; the
 # tests need Catch2's header (from ETUDE_GPU_DEPS or /usr/include) and use tests/gpu/fallback/cblas.h
-# when no cblas.h exists.
+# when no cblas.h exists. From a development checkout with Debian's catch2 installed, for a device
+# machine: `mkdir -p .gpu-deps/catch2 && cp /usr/include/catch2/catch.hpp .gpu-deps/catch2/`
+# (.gpu-deps/ is ignored by git), carry .gpu-deps, and run with ETUDE_GPU_DEPS=.gpu-deps.
 #
 # Time: work that needs CPUs and no clean GPU timing starts in the background at once and overlaps
 # the test build (which keeps only a few of the cores busy): the step benchmark's direct build
@@ -155,7 +157,7 @@ fi
 # ---- build: CMake first (ETUDE_GPU_CHECK_DIRECT=1 goes straight to the direct build) ----------------
 if [ -z "${ETUDE_GPU_CHECK_DIRECT:-}" ] && stage "configure (CMake)" tmo "$(limit 120 200)" cmake -S "$ROOT" -B "$BUILD_DIR" \
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DETUDE_BUILD_EXAMPLES=OFF -DETUDE_INSTALL=OFF; then
-  stage "build (CMake)" tmo "$(limit 300 180)" cmake --build "$BUILD_DIR" --target test_gpu_ops ops_bench -j "$JOBS" \
+  stage "build (CMake)" tmo "$(limit 300 180)" cmake --build "$BUILD_DIR" --target test_gpu_ops test_gpu_step ops_bench -j "$JOBS" \
     && { TEST_BIN="$BUILD_DIR/tests/gpu/test_gpu_ops"; BENCH_BIN="$BUILD_DIR/bench/gpu/ops_bench"; }
   if [ -n "$TEST_BIN" ]; then
     stage "gpu tests (ctest -L gpu)" tmo "$(limit 240 150)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure -V
@@ -165,7 +167,7 @@ if [ -z "${ETUDE_GPU_CHECK_DIRECT:-}" ] && stage "configure (CMake)" tmo "$(limi
   fi
 else
   # ---- build: direct fallback ------------------------------------------------------------------------
-  log "CMake configure failed: building the GPU programs directly (fallback)"
+  log "building the GPU programs directly (CMake configure failed or ETUDE_GPU_CHECK_DIRECT is set)"
   FB="$BUILD_DIR/fallback"
   mkdir -p "$FB"
   stage "build ops_bench (nvcc)" tmo "$(limit 300 180)" nvcc "${NVFLAGS[@]}" "$ROOT/bench/gpu/ops_bench.cu" -o "$FB/ops_bench" -lcublasLt -lcublas \
@@ -195,15 +197,30 @@ else
     stage "build gpu test device objects (nvcc)" tmo "$(limit 300 180)" bash -c "
       nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/ops_device.cu' -o '$FB/ops_device.o' &
       nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/ops_device_attention.cu' -o '$FB/ops_device_attention.o' &
+      nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_fp32.cu' -o '$FB/step_device_fp32.o' &
+      nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_bf16.cu' -o '$FB/step_device_bf16.o' &
+      nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_fp16.cu' -o '$FB/step_device_fp16.o' &
       g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/ops.cpp' -o '$FB/ops.o' &
+      g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/step.cpp' -o '$FB/step.o' &
       g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/main.cpp' -o '$FB/main.o' &
-      wait -n && wait -n && wait -n && wait -n" \
+      rc=0; for _ in 1 2 3 4 5 6 7 8; do wait -n || rc=1; done; exit \$rc" \
     && stage "link gpu tests" tmo "$(limit 60 180)" nvcc -arch="sm_$CUDA_ARCH" "$FB/main.o" "$FB/ops.o" "$FB/ops_device.o" "$FB/ops_device_attention.o" \
          -o "$FB/test_gpu_ops" -lcublasLt -lcublas -lgomp "${CBLAS_LIB[@]}" \
     && TEST_BIN="$FB/test_gpu_ops"
+    [ -n "$TEST_BIN" ] && stage "link gpu step tests" tmo "$(limit 60 180)" nvcc -arch="sm_$CUDA_ARCH" "$FB/main.o" "$FB/step.o" \
+         "$FB/step_device_fp32.o" "$FB/step_device_bf16.o" "$FB/step_device_fp16.o" "$FB/ops_device.o" "$FB/ops_device_attention.o" \
+         -o "$FB/test_gpu_step" -lcublasLt -lcublas -lgomp "${CBLAS_LIB[@]}" \
+      && STEP_TEST_BIN="$FB/test_gpu_step"
     if [ -n "$TEST_BIN" ]; then
       OMP_NUM_THREADS="${OMP_NUM_THREADS:-$JOBS}" stage "gpu tests (direct)" tmo "$(limit 240 150)" "$TEST_BIN" --durations yes
       TESTS_RC=$?
+    fi
+    if [ -n "${STEP_TEST_BIN:-}" ]; then
+      OMP_NUM_THREADS="${OMP_NUM_THREADS:-$JOBS}" stage "gpu step tests (direct)" tmo "$(limit 240 150)" "$STEP_TEST_BIN" --durations yes \
+        || TESTS_RC=1
+    else
+      log "!! the gpu step tests were not built"
+      TESTS_RC=1
     fi
   fi
 fi
