@@ -200,15 +200,17 @@ else
       nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_fp32.cu' -o '$FB/step_device_fp32.o' &
       nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_bf16.cu' -o '$FB/step_device_bf16.o' &
       nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_fp16.cu' -o '$FB/step_device_fp16.o' &
+      nvcc ${NVFLAGS[*]} -c '$ROOT/tests/gpu/step_device_policies.cu' -o '$FB/step_device_policies.o' &
       g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/ops.cpp' -o '$FB/ops.o' &
       g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/step.cpp' -o '$FB/step.o' &
       g++ ${HOSTFLAGS[*]} -c '$ROOT/tests/gpu/main.cpp' -o '$FB/main.o' &
-      rc=0; for _ in 1 2 3 4 5 6 7 8; do wait -n || rc=1; done; exit \$rc" \
+      rc=0; for _ in 1 2 3 4 5 6 7 8 9; do wait -n || rc=1; done; exit \$rc" \
     && stage "link gpu tests" tmo "$(limit 60 180)" nvcc -arch="sm_$CUDA_ARCH" "$FB/main.o" "$FB/ops.o" "$FB/ops_device.o" "$FB/ops_device_attention.o" \
          -o "$FB/test_gpu_ops" -lcublasLt -lcublas -lgomp "${CBLAS_LIB[@]}" \
     && TEST_BIN="$FB/test_gpu_ops"
     [ -n "$TEST_BIN" ] && stage "link gpu step tests" tmo "$(limit 60 180)" nvcc -arch="sm_$CUDA_ARCH" "$FB/main.o" "$FB/step.o" \
-         "$FB/step_device_fp32.o" "$FB/step_device_bf16.o" "$FB/step_device_fp16.o" "$FB/ops_device.o" "$FB/ops_device_attention.o" \
+         "$FB/step_device_fp32.o" "$FB/step_device_bf16.o" "$FB/step_device_fp16.o" "$FB/step_device_policies.o" \
+         "$FB/ops_device.o" "$FB/ops_device_attention.o" \
          -o "$FB/test_gpu_step" -lcublasLt -lcublas -lgomp "${CBLAS_LIB[@]}" \
       && STEP_TEST_BIN="$FB/test_gpu_step"
     if [ -n "$TEST_BIN" ]; then

@@ -18,5 +18,11 @@ using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
 using fp32_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>>;
 using bf16_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>>;
 using fp16_config = etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>>;
+// the same as fp32_config and bf16_config with activation checkpointing: their gradients and
+// weights must be bit-identical to those of the configurations without it
+using fp32_every_layer_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>,
+                                                    etude::checkpointing::every_layer>;
+using bf16_selective_ffn_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>,
+                                                      etude::checkpointing::selective_ffn>;
 
 }  // namespace etude::gpu_test::step

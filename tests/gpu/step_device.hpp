@@ -49,5 +49,8 @@ class device_trainer {
 std::unique_ptr<device_trainer> make_fp32(const hyper& h);
 std::unique_ptr<device_trainer> make_bf16(const hyper& h);
 std::unique_ptr<device_trainer> make_fp16(const hyper& h);
+// step_device_policies.cu: fp32 with every_layer, bf16 with selective_ffn checkpointing
+std::unique_ptr<device_trainer> make_fp32_every_layer(const hyper& h);
+std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h);
 
 }  // namespace etude::gpu_test::step

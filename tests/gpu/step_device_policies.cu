@@ -1,20 +1,22 @@
-// Compile-only: the device trainer instantiated for the policy combinations the step tests do not
-// run (activation checkpointing, SGD with Nesterov, mean-of-means accumulation, fp16 with
-// checkpointing), so CI's nvcc build keeps them compiling for sm_80 and sm_90. What they compute
-// is checked on the CPU, where the same transformer code gives bit-identical gradients for every
-// checkpoint policy (tests/unit/checkpointing.cpp).
-#include <etude/backend/cuda/trainer.cuh>
-#include <etude/model/model.hpp>
+// The CUDA trainer with activation checkpointing (step_configs.hpp: fp32 every_layer, bf16
+// selective_ffn), driven by step.cpp; and, compile-only, the device trainer for the policy
+// combinations no gpu test runs (SGD with Nesterov and mean-of-means accumulation, fp16 with
+// every_nth<2>), so CI's nvcc build keeps them compiling for sm_80 and sm_90.
+#include "step_device.cuh"
 
-namespace {
-constexpr etude::shape policies_shape{.codebooks = 4, .card = 64, .dim = 128, .heads = 2, .layers = 2, .max_len = 128};
-using policies_lm = etude::model<policies_shape, etude::pattern::delay<0, 1, 2, 3>>;
-}  // namespace
+namespace etude::gpu_test::step {
+
+std::unique_ptr<device_trainer> make_fp32_every_layer(const hyper& h) {
+  return std::make_unique<device_trainer_of<fp32_every_layer_config>>(h);
+}
+std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h) {
+  return std::make_unique<device_trainer_of<bf16_selective_ffn_config>>(h);
+}
+
+}  // namespace etude::gpu_test::step
 
 template class etude::cuda::trainer<
-    etude::train_config<policies_lm, etude::precision::bf16, etude::checkpointing::selective_ffn,
+    etude::train_config<etude::gpu_test::step::lm, etude::precision::bf16, etude::checkpointing::selective,
                         etude::optim::sgd<true>, etude::accumulate<2, etude::loss_norm::mean_of_means>>>;
 template class etude::cuda::trainer<
-    etude::train_config<policies_lm, etude::precision::fp16, etude::checkpointing::every_nth<2>>>;
-template class etude::cuda::trainer<
-    etude::train_config<policies_lm, etude::precision::fp32, etude::checkpointing::every_layer>>;
+    etude::train_config<etude::gpu_test::step::lm, etude::precision::fp16, etude::checkpointing::every_nth<2>>>;
