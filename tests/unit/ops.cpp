@@ -71,7 +71,7 @@ TEST_CASE("causal attention backward matches central differences", "[ops]") {
   auto qkv = random_vector(batch * steps * 3 * d, 5);
   const auto dout = random_vector(batch * steps * d, 6);
   std::vector<double> att(batch * steps * d), lse(batch * steps * heads);
-  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps)));
+  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
   auto loss = [&] {
     cpu::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
     return dot(att, dout);
@@ -88,7 +88,7 @@ TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops
   const int heads = 1;
   const auto qkv = random_vector(steps * 3 * head_dim, 7);
   std::vector<double> att(steps * head_dim), lse(steps);
-  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps)));
+  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
   cpu::attention_fwd(att.data(), lse.data(), qkv.data(), 1, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
   auto q = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + j)]; };
   auto k = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + head_dim + j)]; };

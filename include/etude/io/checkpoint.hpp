@@ -129,7 +129,7 @@ struct checkpoint_snapshot {
 };
 
 template <class Trainer>
-checkpoint_snapshot take_snapshot(Trainer& t, const run_state& rs) {
+checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   using params = typename Trainer::params;
   checkpoint_snapshot s;
   s.step = t.steps_done();
@@ -309,7 +309,7 @@ class checkpoint_manager {
 
   // Synchronous save; returns the file written.
   template <class Trainer>
-  std::filesystem::path save(Trainer& t, const run_state& rs) {
+  std::filesystem::path save(const Trainer& t, const run_state& rs) {
     wait();
     return commit(take_snapshot(t, rs));
   }
@@ -317,7 +317,7 @@ class checkpoint_manager {
   // Copies the state now and writes it on a background thread. At most one save is in flight:
   // a second call first waits for the previous one, and rethrows its error if it failed.
   template <class Trainer>
-  void save_async(Trainer& t, const run_state& rs) {
+  void save_async(const Trainer& t, const run_state& rs) {
     wait();
     auto snap = std::make_shared<checkpoint_snapshot>(take_snapshot(t, rs));
     done_ = false;
@@ -447,7 +447,7 @@ class checkpoint_manager {
 // Weights only, for generation or fine-tuning: one safetensors file with the table's tensor
 // names (AudioCraft's state-dict names), "format": "pt".
 template <class Trainer>
-void save_weights(Trainer& t, const std::filesystem::path& file) {
+void save_weights(const Trainer& t, const std::filesystem::path& file) {
   safetensors_writer w;
   for (const param_desc& p : Trainer::params::entries) {
     const auto values = t.tensor(p);

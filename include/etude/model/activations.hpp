@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "etude/config/shape.hpp"
+#include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude {
@@ -60,31 +61,6 @@ struct activation_table {
   static constexpr index_t width(final_slot s) {
     return (s == final_slot::lnf_mean || s == final_slot::lnf_rstd) ? 1 : S.dim;
   }
-
-  static constexpr index_t layer_width() {
-    index_t w = 0;
-    for (std::size_t i = 0; i < layer_slots; ++i) w += width(static_cast<layer_slot>(i));
-    return w;
-  }
-  static constexpr index_t final_width() {
-    index_t w = 0;
-    for (std::size_t i = 0; i < final_slots; ++i) w += width(static_cast<final_slot>(i));
-    return w;
-  }
-  // Floats saved per token position over the whole model.
-  static constexpr index_t row_floats = layer_width() * S.layers + final_width();
-
-  // Offset of a slot, in floats, inside a buffer laid out for `rows` token positions.
-  static constexpr index_t offset(layer_slot s, int layer, index_t rows) {
-    index_t w = 0;
-    for (std::size_t i = 0; i < static_cast<std::size_t>(s); ++i) w += width(static_cast<layer_slot>(i));
-    return rows * (layer_width() * layer + w);
-  }
-  static constexpr index_t offset(final_slot s, index_t rows) {
-    index_t w = 0;
-    for (std::size_t i = 0; i < static_cast<std::size_t>(s); ++i) w += width(static_cast<final_slot>(i));
-    return rows * (layer_width() * S.layers + w);
-  }
 };
 
 // Per-row statistics (LayerNorm mean and 1/std, attention log-sum-exp) stay in the compute type
@@ -100,12 +76,11 @@ constexpr bool is_statistic(final_slot s) { return s == final_slot::lnf_mean || 
 //   saved: per layer, the slots kept for backward, then the final slots;
 //   work:  the slots of one layer that are not kept, reused layer after layer (forward writes
 //          them there and moves on; backward recomputes them there before it needs them).
-// Every slot starts on a 64-byte boundary.
+// Every slot starts on an arena boundary (64 bytes).
 template <shape S, class Act, class Stat, class Ckpt>
 struct activation_layout {
   using table = activation_table<S>;
-  static constexpr index_t alignment = 64;
-  static constexpr index_t round_up(index_t bytes) { return (bytes + alignment - 1) / alignment * alignment; }
+  static constexpr index_t round_up(index_t bytes) { return arena::round_up(bytes); }
 
   static constexpr bool kept(layer_slot s, int layer) {
     return Ckpt::recompute_layer(layer) ? s == layer_slot::x_in : Ckpt::keeps(s);

@@ -11,6 +11,7 @@
 #include <cstddef>
 
 #include "etude/config/checkpointing.hpp"
+#include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/activations.hpp"
 #include "etude/model/params.hpp"
@@ -21,9 +22,8 @@ namespace etude {
 // in the activation dtype: every user of the scratch takes its pointers from here.
 template <shape S, class A>
 struct transformer_scratch {
-  static constexpr index_t round_up(index_t b) { return (b + 63) / 64 * 64; }
   static constexpr index_t part(index_t rows, index_t width) {
-    return round_up(rows * width * static_cast<index_t>(sizeof(A)));
+    return arena::round_up(rows * width * static_cast<index_t>(sizeof(A)));
   }
   static constexpr index_t bytes(index_t rows) {
     return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card);

@@ -164,7 +164,12 @@ class trainer {
   std::span<const value_type> parameters() const { return {master_.data(), static_cast<std::size_t>(master_.size())}; }
   std::span<const grad_type> gradients() const { return {grads_.data(), static_cast<std::size_t>(grads_.size())}; }
   std::span<state_type> optimizer_state(int i) { return i == 0 ? span_of(state1_) : span_of(state2_); }
+  std::span<const state_type> optimizer_state(int i) const {
+    const buffer<state_type>& b = i == 0 ? state1_ : state2_;
+    return {b.data(), static_cast<std::size_t>(b.size())};
+  }
   std::span<value_type> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
+  std::span<const value_type> tensor(const param_desc& p) const { return parameters().subspan(p.offset, p.numel()); }
   std::span<const grad_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   // The weights as the passes read them (the rounded working copy under mixed policies).
   std::span<const param_type> working_parameters() {
@@ -299,11 +304,7 @@ class trainer {
         const auto ku = static_cast<std::size_t>(k);
         const index_t n = tc.normaliser(m, k);
         const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
-        // the weight is rounded to the compute type as every backend receives it; the loss
-        // scale (a power of two) multiplies it exactly
-        const double weight =
-            static_cast<double>(static_cast<compute_type>(scale / (static_cast<double>(K) * static_cast<double>(n)))) *
-            scaler_.scale;
+        const double weight = detail::loss_weight<Config>(n, scaler_.scale);
         const double loss = net::head(weights(), grads_.data(), w.saved, w.scratch.logits, w.scratch.dh,
                                       w.target + k * rows, k, rows, weight, w.ops);
         sums[ku] += loss;
@@ -324,7 +325,6 @@ class trainer {
     // under a mixed policy the update also writes the rounded working copy
     param_type* working = nullptr;
     if constexpr (policy::has_master) working = working_.data();
-    refresh_working_copy();
     if constexpr (std::is_same_v<opt, optim::adamw>) {
       Backend::adamw_update(master_.data(), grads_.data(), state1_.data(), state2_.data(), params::total_floats, lr,
                             h.beta1, h.beta2, h.eps, h.weight_decay, step_, grad_scale, working);
@@ -332,6 +332,7 @@ class trainer {
       Backend::sgd_update(master_.data(), grads_.data(), state1_.data(), params::total_floats, lr, h.momentum,
                           h.weight_decay, opt::nesterov, step_ == 1, grad_scale, working);
     }
+    working_stale_ = false;  // the update wrote every weight of the working copy
   }
 
   std::string first_non_finite_gradient() const {

@@ -245,7 +245,6 @@ struct cpu {
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
   }
-  static index_t attention_scratch(index_t steps) { return attention_scratch(steps, 0, false, threads()); }
 
   template <class A, class St>
   static void attention_fwd(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads,

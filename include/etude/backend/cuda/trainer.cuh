@@ -619,14 +619,8 @@ class trainer {
     c.loss_scaled = policy::loss_scaled ? 1 : 0;
     for (int m = 0; m < microbatches; ++m)
       for (int k = 0; k < K; ++k) {
-        const index_t n = tc.normaliser(m, k);
-        const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
-        // as etude::trainer: the weight rounded to the compute type, times the loss scale (a power
-        // of two, exact), then handed to the kernel as float
-        const double weight =
-            static_cast<double>(static_cast<compute_type>(scale / (static_cast<double>(K) * static_cast<double>(n)))) *
-            scaler_.scale;
-        c.weight[m * K + k] = static_cast<float>(weight);
+        // handed to the kernel as float
+        c.weight[m * K + k] = static_cast<float>(::etude::detail::loss_weight<Config>(tc.normaliser(m, k), scaler_.scale));
       }
   }
 

@@ -66,6 +66,20 @@ void initialise_parameters(T* master, unsigned long long seed) {
   }
 }
 
+// The weight of one codebook's summed cross-entropy in one microbatch, `normaliser` being its
+// valid-token count (over the whole batch for loss_norm::tokens, over the microbatch for
+// mean_of_means): 1 / (K·n), divided by the microbatch count for mean_of_means. It is rounded to
+// the compute type, as every backend receives it, then multiplied by the loss scale (a power of
+// two, so exactly).
+template <class Config>
+double loss_weight(index_t normaliser, double loss_scale) {
+  using compute = typename Config::precision::compute_t;
+  constexpr double K = Config::model::shape.codebooks;
+  const double per_microbatch = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / Config::microbatches;
+  return static_cast<double>(static_cast<compute>(per_microbatch / (K * static_cast<double>(normaliser)))) *
+         loss_scale;
+}
+
 // ce, ppl and per-codebook figures from summed losses and valid-token counts per codebook.
 template <int K>
 void fill_stats(eval_stats& st, const std::vector<double>& sums, const std::vector<index_t>& counts,
