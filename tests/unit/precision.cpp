@@ -200,6 +200,12 @@ TEST_CASE("per-role overrides train", "[precision]") {
   etude::trainer<etude::train_config<lm, grads16>> a{tracking_hyper()};
   etude::trainer<etude::train_config<lm, acts16>> b{tracking_hyper()};
   etude::trainer<etude::train_config<lm, states16>> c{tracking_hyper()};
+  // the overrides reach the buffers: bf16 gradients, bf16 moments, bf16 activations in the arena
+  STATIC_REQUIRE(std::is_same_v<decltype(a.gradients())::element_type, const etude::bf16>);
+  STATIC_REQUIRE(std::is_same_v<decltype(c.optimizer_state(0))::element_type, etude::bf16>);
+  // (statistics stay float, so a little over half)
+  CHECK(etude::trainer<etude::train_config<lm, acts16>>::plan(8, 32).activations <
+        0.55 * static_cast<double>(etude::trainer<etude::train_config<lm, pr::fp32>>::plan(8, 32).activations));
   double first_a = 0, first_b = 0, first_c = 0, last_a = 0, last_b = 0, last_c = 0;
   for (std::uint64_t s = 0; s < 30; ++s) {
     const auto batch = corpus().sample(8, 32, s);
