@@ -334,7 +334,7 @@ void attention_against_cpu(dtype t, const attention_case& c) {
                            " B " + std::to_string(c.batch) + " H " + std::to_string(c.heads);
   const vec qkv = uniform(static_cast<std::size_t>(rows * 3 * d), -1, 1, 60, t);
   vec att(static_cast<std::size_t>(rows * d)), lse(static_cast<std::size_t>(rows * c.heads));
-  vec scratch(static_cast<std::size_t>(cpu::attention_scratch(c.steps)));
+  vec scratch(static_cast<std::size_t>(cpu::attention_scratch(c.steps, c.head_dim, false, cpu::threads())));
   cpu::attention_fwd(att.data(), lse.data(), qkv.data(), c.batch, c.steps, c.heads, c.head_dim, scratch.data(),
                      static_cast<index_t>(scratch.size()));
   const auto out = dev::attention_fwd(t, qkv, c.batch, c.steps, c.heads, c.head_dim);
