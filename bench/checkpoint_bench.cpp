@@ -24,7 +24,7 @@ using lm = etude::model<etude::shape{.codebooks = 4, .card = 2048, .dim = 512, .
 int main(int argc, char** argv) try {
   const std::filesystem::path dir = argc > 1 ? argv[1] : "build/checkpoint-bench";
   std::filesystem::remove_all(dir);
-  etude::trainer<etude::train_config<lm>> trainer;
+  etude::cpu_trainer<etude::train_config<lm>> trainer;
   etude::io::checkpoint_manager m(dir, {.keep_last = 1});
   std::vector<double> save, load, blocked;
   double bytes = 0;

@@ -30,7 +30,7 @@ double bench(int steps, double baseline_ms) {
   etude::hyper h;
   h.lr = 1e-4;
   h.total_steps = 1000;
-  etude::trainer<cfg> tr{h};
+  etude::cpu_trainer<cfg> tr{h};
   etude::token_batch b(batch, small.codebooks, frames);
   etude::rng r(1);
   for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(small.card));
@@ -41,7 +41,7 @@ double bench(int steps, double baseline_ms) {
     if (s > 0) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
   }
   const double ms = median(times) * 1e3;
-  const auto plan = etude::trainer<cfg>::plan(batch, frames);
+  const auto plan = etude::cpu_trainer<cfg>::plan(batch, frames);
   std::printf("{\"bench\": \"policy\", \"precision\": \"%s\", \"checkpointing\": \"%s\", \"ms_per_step\": %.1f, "
               "\"time_vs_none\": %.3f, \"peak_mib\": %.1f, \"activations_mib\": %.1f, \"temporaries_mib\": %.1f, "
               "\"plan_total_mib\": %.1f, \"tokens_per_s\": %.0f}\n",

@@ -32,7 +32,7 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
   h.lr = 1e-4;
   h.warmup_steps = 0;
   h.total_steps = 1000;
-  etude::trainer<cfg> tr{h};
+  etude::cpu_trainer<cfg> tr{h};
   etude::token_batch b(batch, Shape.codebooks, frames);
   etude::rng r(1);
   for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(Shape.card));

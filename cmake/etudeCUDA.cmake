@@ -37,6 +37,23 @@ list(GET CMAKE_CUDA_ARCHITECTURES -1 _etude_cuda_last_arch)
 set_target_properties(etude_cuda_header_check PROPERTIES CUDA_ARCHITECTURES ${_etude_cuda_last_arch})
 unset(_etude_cuda_last_arch)
 target_compile_options(etude_cuda_header_check PRIVATE ${ETUDE_CUDA_WARNINGS})
+# The host-only headers of the CUDA backend (.hpp: the runtime API, no kernels) compile with the
+# host compiler alone, as a .cpp that drives a trainer instantiated in a .cu does.
+file(GLOB_RECURSE _etude_cuda_host_headers RELATIVE ${PROJECT_SOURCE_DIR}/include CONFIGURE_DEPENDS
+     ${PROJECT_SOURCE_DIR}/include/etude/backend/cuda/*.hpp)
+set(_etude_cuda_host_sources "")
+foreach(_h IN LISTS _etude_cuda_host_headers)
+  string(MAKE_C_IDENTIFIER ${_h} _id)
+  set(_src ${PROJECT_BINARY_DIR}/cuda_headers/${_id}.cpp)
+  file(GENERATE OUTPUT ${_src} CONTENT "#include <${_h}>\n#include <${_h}>\n")
+  list(APPEND _etude_cuda_host_sources ${_src})
+endforeach()
+if(_etude_cuda_host_sources)
+  add_library(etude_cuda_host_header_check OBJECT ${_etude_cuda_host_sources})
+  target_link_libraries(etude_cuda_host_header_check PRIVATE etude_cuda)
+endif()
+unset(_etude_cuda_host_headers)
+unset(_etude_cuda_host_sources)
 unset(_etude_cuda_headers)
 unset(_etude_cuda_header_sources)
 

@@ -28,13 +28,14 @@
 #include <etude/track/metrics_log.hpp>
 #include <etude/track/tensorboard.hpp>
 
+#include "train_tiny_config.hpp"
+#ifdef ETUDE_TRAIN_TINY_CUDA
+#include <etude/backend/cuda/executor.hpp>
+#endif
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
-constexpr etude::shape tiny{.codebooks = 4, .card = 64, .dim = 256, .heads = 4, .layers = 4, .max_len = 1024};
-using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
-using cfg = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>, etude::optim::adamw,
-                                etude::schedule::cosine>;
 
 namespace {
 
@@ -56,6 +57,7 @@ struct options {
   int workers = 1;
   unsigned long long seed = 42;
   fs::path run_dir = "runs/tiny";
+  std::string device = "cpu";  // cpu | cuda
 };
 
 options parse(int argc, char** argv) {
@@ -79,10 +81,13 @@ options parse(int argc, char** argv) {
     else if (a == "--workers") o.workers = std::stoi(value());
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--run-dir") o.run_dir = value();
+    else if (a == "--device") o.device = value();
     else
       throw etude::invalid_argument("unknown option " + a +
                                     " (use --data, --synthetic, --steps, --batch, --frames, --lr, --valid-every, "
-                                    "--checkpoint-every, --workers, --seed, --run-dir, --fresh, --stop-after)");
+                                    "--checkpoint-every, --workers, --seed, --run-dir, --device, --fresh, --stop-after)");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw etude::invalid_argument("--device " + o.device + ": use cpu or cuda");
   }
   if (o.steps < 1 || o.batch < 2 || o.batch % cfg::microbatches != 0 || o.frames < 2 || o.valid_every < 1 ||
       o.checkpoint_every < 1 || o.stop_after < 0)
@@ -131,7 +136,8 @@ void score_unigrams(validation_set& v, const std::vector<std::vector<double>>& c
 }
 
 // Token-weighted cross-entropy over all validation batches.
-etude::eval_stats validate(etude::trainer<cfg>& trainer, const validation_set& v) {
+template <class Trainer>
+etude::eval_stats validate(Trainer& trainer, const validation_set& v) {
   std::vector<double> sums(tiny.codebooks, 0.0);
   std::vector<etude::index_t> counts(tiny.codebooks, 0);
   for (const auto& b : v.batches) {
@@ -169,7 +175,8 @@ json stats_json(const etude::eval_stats& s) {
 }
 
 // The run record: what the seeds' experiment-tracking list asks for, as far as this job knows it.
-json run_record(const options& o, const etude::trainer<cfg>& trainer, const json& data, const std::string& status,
+template <class Trainer>
+json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
                 const json& summary, const std::vector<std::string>& checkpoints) {
   json r;
   r["run_id"] = o.run_dir.filename().string();
@@ -197,21 +204,15 @@ json run_record(const options& o, const etude::trainer<cfg>& trainer, const json
 
 void write_json(const fs::path& file, const json& j) {
   const std::string text = j.dump(2) + "\n";
-  etude::data::detail::atomic_file f(file);
+  etude::detail::atomic_file f(file);
   f.write(text.data(), text.size());
   f.commit();
 }
 
-}  // namespace
 
-int main(int argc, char** argv) try {
-  const options o = parse(argc, argv);
-  etude::hyper h;
-  h.lr = o.lr;
-  h.warmup_steps = std::max(1L, o.steps / 20);
-  h.total_steps = o.steps;
-  h.seed = o.seed;
-  etude::trainer<cfg> trainer{h};
+// The main job on one trainer, whichever backend it runs on.
+template <class Trainer>
+int run(const options& o, Trainer& trainer) {
 
   if (o.fresh) fs::remove_all(o.run_dir);
   fs::create_directories(o.run_dir);
@@ -366,6 +367,37 @@ int main(int argc, char** argv) try {
   std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
               learned ? "below" : "NOT below", (o.run_dir / "run.json").string().c_str());
   return learned ? 0 : 1;
+}
+
+etude::hyper hyperparameters(const options& o) {
+  etude::hyper h;
+  h.lr = o.lr;
+  h.warmup_steps = std::max(1L, o.steps / 20);
+  h.total_steps = o.steps;
+  h.seed = o.seed;
+  return h;
+}
+
+}  // namespace
+
+#ifdef ETUDE_TRAIN_TINY_CUDA
+// instantiated by train_tiny_cuda.cu, which nvcc compiles
+extern template class etude::trainer<cfg, etude::backend::cuda>;
+#endif
+
+int main(int argc, char** argv) try {
+  const options o = parse(argc, argv);
+  if (o.device == "cuda") {
+#ifdef ETUDE_TRAIN_TINY_CUDA
+    etude::trainer<cfg, etude::backend::cuda> trainer{hyperparameters(o)};
+    return run(o, trainer);
+#else
+    throw etude::invalid_argument("--device cuda: this train_tiny was built without CUDA (no nvcc when it was "
+                                  "configured); rebuild on a machine with the CUDA toolkit, or use --device cpu");
+#endif
+  }
+  etude::cpu_trainer<cfg> trainer{hyperparameters(o)};
+  return run(o, trainer);
 } catch (const etude::error& e) {
   std::fprintf(stderr, "train_tiny: %s\n", e.what());
   return 2;

@@ -1,5 +1,5 @@
 // GPU step benchmark: ms/step, tokens/s (B·T frames per second), model FLOPs utilisation and peak
-// device memory of etude's CUDA training step (etude::cuda::trainer: the whole step replayed as
+// device memory of etude's CUDA training step (etude::trainer on backend::cuda: the whole step replayed as
 // one CUDA graph after warm-up) for the tiny, small and MusicGen-small shapes, delay pattern, on
 // random tokens. The GPU twin of bench/step_bench.cpp; its PyTorch peer on the same GPU, same
 // model and batch, is bench/gpu/torch_step_gpu.py. tools/gpu_check.sh runs both and tabulates.
@@ -41,13 +41,15 @@
 #include <string>
 #include <vector>
 
-#include "etude/backend/cuda/trainer.cuh"
+#include "etude/backend/cuda/cuda.cuh"
+#include "etude/backend/cuda/executor.hpp"
+#include "etude/train/trainer.hpp"
 #include "etude/config/hardware.hpp"
 #include "etude/config/pattern.hpp"
 #include "etude/config/train_config.hpp"
 #include "etude/core/rng.hpp"
 #include "etude/model/model.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 #include "etude/train/fits.hpp"
 
 #ifndef ETUDE_STEP_BENCH_PART
@@ -104,7 +106,7 @@ template <class Config>
 void run(const char* name, const char* precision, double peak_tflops, index_t batch, index_t frames,
          const options& o) {
   using lm = typename Config::model;
-  using trainer_t = etude::cuda::trainer<Config>;
+  using trainer_t = etude::trainer<Config, etude::backend::cuda>;
   constexpr etude::shape S = lm::shape;
   const index_t steps_s = lm::pattern::steps(S.codebooks, frames);
 
@@ -116,14 +118,14 @@ void run(const char* name, const char* precision, double peak_tflops, index_t ba
   h.warmup_steps = 0;
   h.total_steps = 100000;
   trainer_t tr{h};
-  tr.use_graphs(o.graphs);
+  tr.exec().use_graphs(o.graphs);
   // Two batches, alternated, so that prefetching the next one is a real copy.
   etude::token_batch b[2] = {etude::token_batch(batch, S.codebooks, frames),
                              etude::token_batch(batch, S.codebooks, frames)};
   fill_random(b[0], S.card, 1);
   fill_random(b[1], S.card, 2);
 
-  cudaStream_t stream = tr.device_context().stream();
+  cudaStream_t stream = tr.exec().context().stream();
   cudaEvent_t start, stop;
   ETUDE_CUDA_CHECK(cudaEventCreate(&start));
   ETUDE_CUDA_CHECK(cudaEventCreate(&stop));
@@ -157,7 +159,7 @@ void run(const char* name, const char* precision, double peak_tflops, index_t ba
   ETUDE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const etude::memory_stats mem = tr.memory();
   cudaDeviceProp props{};
-  ETUDE_CUDA_CHECK(cudaGetDeviceProperties(&props, tr.device_context().device()));
+  ETUDE_CUDA_CHECK(cudaGetDeviceProperties(&props, tr.exec().context().device()));
   std::printf("{\"bench\": \"%s\", \"impl\": \"etude\", \"precision\": \"%s\", \"batch\": %lld, \"frames\": %lld, "
               "\"seq\": %lld, \"warmup\": %d, \"steps\": %d, \"ms_per_step\": %.3f, \"ms_min\": %.3f, "
               "\"tokens_per_s\": %.0f, \"tflops\": %.2f, \"mfu\": %.4f, \"peak_tflops\": %.1f, \"loss\": %.4f, "
@@ -195,7 +197,7 @@ void small_bf16(const options& o) {
 #if ETUDE_STEP_BENCH_HAS(4)
 void musicgen_small_bf16(const options& o) {
   using cfg = etude::train_config<etude::model<musicgen_small_shape, delay4>, etude::precision::bf16>;
-  using trainer_t = etude::cuda::trainer<cfg>;
+  using trainer_t = etude::trainer<cfg, etude::backend::cuda>;
   constexpr index_t frames = 1500;
   const index_t largest = etude::largest_fitting([](index_t b) { return trainer_t::plan(b, frames); },
                                                  etude::hw::h100_80gb::usable, 4096);

@@ -18,7 +18,7 @@ using lm = etude::model<etude::shape{.codebooks = 2, .card = 16, .dim = 16, .hea
 int main() {
   etude::hyper h;
   h.lr = 1e-2;
-  etude::trainer<etude::train_config<lm, etude::schedule::constant>> trainer{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::schedule::constant>> trainer{h};
   etude::token_batch batch(4, 2, 16);
   for (auto& t : batch.tokens) t = static_cast<etude::token_t>(&t - batch.tokens.data()) % 16;
   const double first = trainer.step(batch).ce;

@@ -11,6 +11,7 @@
 #include "etude/config/shape.hpp"
 #include "etude/config/train_config.hpp"
 #include "etude/core/arena.hpp"
+#include "etude/core/batch.hpp"
 #include "etude/core/buffer.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
@@ -23,8 +24,17 @@
 #include "etude/model/transformer.hpp"
 #include "etude/backend/op_set.hpp"
 #include "etude/backend/cpu/cpu.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/backend/cpu/executor.hpp"
+#include "etude/core/batch.hpp"
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
 #include "etude/train/stats.hpp"
 #include "etude/train/trainer.hpp"
+
+namespace etude {
+
+// The trainer on the CPU backend: etude::trainer<Config, backend::cpu>, spelt short.
+template <class Config>
+using cpu_trainer = trainer<Config, backend::cpu>;
+
+}  // namespace etude

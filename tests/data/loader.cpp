@@ -271,7 +271,7 @@ TEST_CASE("ranks partition every epoch", "[loader][ranks]") {
     }
   }
   // the share arithmetic itself: as even as possible, lower ranks first
-  using data::detail::rank_share;
+  using etude::data::detail::rank_share;
   STATIC_REQUIRE(rank_share(12, 3, 0).first == 0);
   STATIC_REQUIRE(rank_share(12, 3, 2).first == 8);
   STATIC_REQUIRE(rank_share(7, 3, 0).count == 3);

@@ -35,8 +35,8 @@ TEST_CASE("trainer.step takes a loaded batch, padding included", "[loader][train
   etude::hyper h;
   h.warmup_steps = 0;
   h.total_steps = 4;
-  etude::trainer<etude::train_config<lm>> tr{h};
-  etude::trainer<etude::train_config<lm>> twin{h};
+  etude::cpu_trainer<etude::train_config<lm>> tr{h};
+  etude::cpu_trainer<etude::train_config<lm>> twin{h};
   bool any_padding = false;
   for (int i = 0; i < 2; ++i) {
     const auto b = l.next().value();

@@ -161,8 +161,8 @@ TEST_CASE("splits follow group and seed, deterministically", "[pack]") {
   // the rule itself: XXH64(group, seed) → u in [0, 1) → first cumulative ratio above u
   for (int e = 0; e < 30; ++e) {
     const std::string file = "clip" + std::to_string(100 + e) + ".npy";
-    CHECK(data::detail::split_of(file, 3, {0.5, 1.0}) ==
-          ((data::detail::xxhash64::of(file.data(), file.size(), 3) >> 11) * 0x1.0p-53 < 0.5 ? 0u : 1u));
+    CHECK(etude::data::detail::split_of(file, 3, {0.5, 1.0}) ==
+          ((etude::detail::xxhash64::of(file.data(), file.size(), 3) >> 11) * 0x1.0p-53 < 0.5 ? 0u : 1u));
   }
   // a ratio of 1 puts everything in one split; empty splits are left out and noted
   o.output = dir / "one";

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <functional>
 
-#include <etude/data/detail/xxhash64.hpp>
+#include <etude/core/detail/xxhash64.hpp>
 #include <etude/data/shard_format.hpp>
 #include <etude/data/shard_reader.hpp>
 #include <etude/data/shard_writer.hpp>
@@ -37,7 +37,7 @@ data::shard_summary small_shard(const std::filesystem::path& p, int card = 2048)
 }  // namespace
 
 TEST_CASE("XXH64 matches the reference values", "[shard][hash]") {
-  using h = data::detail::xxhash64;
+  using h = etude::detail::xxhash64;
   CHECK(h::of("", 0) == 0xef46db3751d8e999ULL);
   CHECK(h::of("abc", 3) == 0x44bc2cf5ad770999ULL);
   const std::string long_text = "etude token shards: 32+ bytes so the stripe loop runs";
@@ -126,7 +126,7 @@ TEST_CASE("the checksum is XXH64 over payload and index, then the header with th
   const auto sum = small_shard(dir / "s.etok");
   auto bytes = etude::test::read_bytes(dir / "s.etok");
   const std::uint32_t header_bytes = fmt::detail::get32(bytes.data() + 12);
-  data::detail::xxhash64 h;
+  etude::detail::xxhash64 h;
   h.update(bytes.data() + header_bytes, bytes.size() - header_bytes);
   std::memset(bytes.data() + 80, 0, 8);
   h.update(bytes.data(), header_bytes);

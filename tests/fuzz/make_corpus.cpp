@@ -22,7 +22,7 @@ namespace io = etude::io;
 namespace {
 
 constexpr etude::shape tiny{.codebooks = 2, .card = 16, .dim = 8, .heads = 2, .layers = 1, .max_len = 32};
-using trainer_t = etude::trainer<etude::train_config<etude::model<tiny, etude::pattern::delay<0, 1>>>>;
+using trainer_t = etude::cpu_trainer<etude::train_config<etude::model<tiny, etude::pattern::delay<0, 1>>>>;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -270,11 +270,18 @@ void sgd(vec& p, const vec& g, vec& buf, double lr, double momentum, double wd, 
 
 float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
   session s;
-  cu::device_buffer<double> ss(1);
-  cu::device_buffer<float> out(1);
-  cu::upload(ss.data(), &sum_squares, 1);
-  backend_t::clip_scale(ss.data(), max_norm, inv_loss_scale, out.data());
-  return to_host(out)[0];
+  cu::device_buffer<etude::step_limits> in(1);
+  cu::device_buffer<etude::step_decision> out(1);
+  cu::device_buffer<double> loss(1);
+  const etude::step_limits limits{max_norm, 1.0 / inv_loss_scale, 1};
+  etude::step_decision d;
+  d.sum_squares = sum_squares;
+  const double zero = 0.0;
+  cu::upload(in.data(), &limits, 1);
+  cu::upload(out.data(), &d, 1);
+  cu::upload(loss.data(), &zero, 1);
+  backend_t::step_control(in.data(), loss.data(), 1, out.data());
+  return static_cast<float>(to_host(out)[0].grad_scale);
 }
 
 }  // namespace etude::gpu_test

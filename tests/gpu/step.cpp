@@ -114,7 +114,7 @@ using maker = std::function<std::unique_ptr<st::device_trainer>(const etude::hyp
 
 TEST_CASE("fp32 device step matches the CPU trainer", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::trainer<st::fp32_config> cpu{h};
+  etude::cpu_trainer<st::fp32_config> cpu{h};
   const auto gpu = st::make_fp32(h);
   REQUIRE(same_bits(gpu->parameters(), as_vector(cpu.parameters())));  // the same initialisation, bit for bit
 
@@ -153,7 +153,7 @@ TEST_CASE("fp32 device step matches the CPU trainer", "[gpu][step]") {
 
 TEST_CASE("bf16 device step matches the CPU bf16 trainer within bf16 rounding", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::trainer<st::bf16_config> cpu{h};
+  etude::cpu_trainer<st::bf16_config> cpu{h};
   const auto gpu = st::make_bf16(h);
   REQUIRE(same_bits(gpu->parameters(), as_vector(cpu.parameters())));
   const double bound = bf16_bound();
@@ -254,7 +254,7 @@ TEST_CASE("fp16 loss scaling skips exactly the steps the CPU trainer skips", "[g
   etude::hyper h = parity_hyper();
   h.loss_scale = std::ldexp(1.0, 40);  // far beyond fp16's 65504: the first steps must overflow
   h.scale_interval = 1000;
-  etude::trainer<st::fp16_config> cpu{h};
+  etude::cpu_trainer<st::fp16_config> cpu{h};
   const auto gpu = st::make_fp16(h);
   const double bound = 4 * std::sqrt(4.0 * L + 3) * etude::dtype_traits<etude::fp16>::unit_roundoff;
   int skipped = 0;
@@ -326,7 +326,7 @@ TEST_CASE("the device memory is the memory plan's", "[gpu][step]") {
 
 TEST_CASE("bad batches are refused with the CPU trainer's messages", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::trainer<st::fp32_config> cpu{h};
+  etude::cpu_trainer<st::fp32_config> cpu{h};
   const auto gpu = st::make_fp32(h);
   auto message = [](auto&& f) -> std::string {
     try {

@@ -10,7 +10,7 @@
 
 #include "etude/config/train_config.hpp"
 #include "etude/core/types.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 #include "etude/train/stats.hpp"
 
 namespace etude::gpu_test::step {

@@ -15,8 +15,10 @@ std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h) {
 
 }  // namespace etude::gpu_test::step
 
-template class etude::cuda::trainer<
+template class etude::trainer<
     etude::train_config<etude::gpu_test::step::lm, etude::precision::bf16, etude::checkpointing::selective,
-                        etude::optim::sgd<true>, etude::accumulate<2, etude::loss_norm::mean_of_means>>>;
-template class etude::cuda::trainer<
-    etude::train_config<etude::gpu_test::step::lm, etude::precision::fp16, etude::checkpointing::every_nth<2>>>;
+                        etude::optim::sgd<true>, etude::accumulate<2, etude::loss_norm::mean_of_means>>,
+    etude::backend::cuda>;
+template class etude::trainer<
+    etude::train_config<etude::gpu_test::step::lm, etude::precision::fp16, etude::checkpointing::every_nth<2>>,
+    etude::backend::cuda>;

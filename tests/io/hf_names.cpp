@@ -25,7 +25,7 @@ using table = etude::param_table<tiny>;
 
 // A flat parameter buffer whose every float is distinct (padding too, so misplaced copies show).
 std::vector<float> distinct_params() {
-  std::vector<float> flat(static_cast<std::size_t>(table::total_floats));
+  std::vector<float> flat(static_cast<std::size_t>(table::total_elements));
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = 0.25f * static_cast<float>(i) - 100.0f;
   return flat;
 }

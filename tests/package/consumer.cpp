@@ -35,7 +35,7 @@ int main() {
   etude::hyper h;
   h.lr = 1e-2;
   h.total_steps = 20;
-  etude::trainer<etude::train_config<lm, etude::schedule::constant>> trainer{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::schedule::constant>> trainer{h};
   etude::token_batch batch(4, 2, 16);
   for (etude::index_t e = 0; e < 4; ++e)
     for (int k = 0; k < 2; ++k)

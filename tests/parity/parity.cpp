@@ -66,7 +66,7 @@ template <class Pattern, class... Policies>
 void check_parity(const std::string& name, const etude::hyper& h, int steps = 3) {
   using lm = etude::model<tiny, Pattern>;
   using cfg = etude::train_config<lm, Policies...>;
-  using trainer_t = etude::trainer<cfg>;
+  using trainer_t = etude::cpu_trainer<cfg>;
   constexpr int micro = cfg::microbatches;
   const fs::path dir = fs::temp_directory_path() / ("etude_parity_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);

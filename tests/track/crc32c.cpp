@@ -8,9 +8,9 @@
 #include <vector>
 
 #include <etude/core/rng.hpp>
-#include <etude/track/crc32c.hpp>
+#include <etude/core/detail/crc32c.hpp>
 
-using namespace etude::track;
+using namespace etude::detail;
 
 namespace {
 

@@ -42,8 +42,8 @@ TEST_CASE("4 microbatches of 2 give the same update as one batch of 8", "[accumu
   h.lr = 1e-2;
   h.warmup_steps = 0;
   h.total_steps = 10;
-  etude::trainer<etude::train_config<lm, etude::accumulate<4>>> acc{h};
-  etude::trainer<etude::train_config<lm, etude::accumulate<1>>> whole{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<4>>> acc{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<1>>> whole{h};
   const auto data = uneven_batch();
   const auto ga = acc.loss_and_gradients(data);
   const auto gw = whole.loss_and_gradients(data);
@@ -76,8 +76,8 @@ TEST_CASE("an update linear in the gradient is the same either way (double preci
   h.weight_decay = 0.0;
   using sgd = etude::optim::sgd<>;
   using constant = etude::schedule::constant;
-  etude::trainer<etude::train_config<lm, etude::precision::fp64, etude::accumulate<4>, sgd, constant>> acc{h};
-  etude::trainer<etude::train_config<lm, etude::precision::fp64, sgd, constant>> whole{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::precision::fp64, etude::accumulate<4>, sgd, constant>> acc{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::precision::fp64, sgd, constant>> whole{h};
   const std::vector<double> start(acc.parameters().begin(), acc.parameters().end());
   const auto data = uneven_batch();
   acc.step(data);
@@ -96,8 +96,8 @@ TEST_CASE("an update linear in the gradient is the same either way (double preci
 }
 
 TEST_CASE("token normalisation differs from the mean of microbatch means under uneven padding", "[accumulation]") {
-  etude::trainer<etude::train_config<lm, etude::accumulate<4>>> tokens;
-  etude::trainer<etude::train_config<lm, etude::accumulate<4, etude::loss_norm::mean_of_means>>> means;
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<4>>> tokens;
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<4, etude::loss_norm::mean_of_means>>> means;
   const auto data = uneven_batch();
   CHECK(std::abs(tokens.loss_and_gradients(data).ce - means.loss_and_gradients(data).ce) > 1e-4);
 }
@@ -105,8 +105,8 @@ TEST_CASE("token normalisation differs from the mean of microbatch means under u
 TEST_CASE("mean of means: the average of each microbatch's own loss and gradient", "[accumulation]") {
   using mom_cfg = etude::train_config<lm, etude::precision::fp64, etude::accumulate<4, etude::loss_norm::mean_of_means>>;
   using one_cfg = etude::train_config<lm, etude::precision::fp64>;
-  etude::trainer<mom_cfg> mom;
-  etude::trainer<one_cfg> one;
+  etude::cpu_trainer<mom_cfg> mom;
+  etude::cpu_trainer<one_cfg> one;
   const auto data = uneven_batch();
   const auto st = mom.loss_and_gradients(data);
   double ce = 0;

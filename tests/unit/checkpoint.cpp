@@ -24,7 +24,7 @@ namespace {
 constexpr etude::shape shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 2, .max_len = 64};
 using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
 using cfg = etude::train_config<lm, etude::accumulate<2>>;
-using trainer_t = etude::trainer<cfg>;
+using trainer_t = etude::cpu_trainer<cfg>;
 
 etude::hyper hyper() {
   etude::hyper h;
@@ -123,7 +123,7 @@ TEST_CASE("resuming under another configuration is refused with the differences"
                     Catch::Contains("hyper.lr: 0.001 here, 0.003 in the checkpoint"));
   CHECK(same_bits(other.parameters(), before));
   using other_cfg = etude::train_config<lm, etude::accumulate<4>>;
-  etude::trainer<other_cfg> third{hyper()};
+  etude::cpu_trainer<other_cfg> third{hyper()};
   CHECK_THROWS_WITH(etude::io::restore(third, etude::io::checkpoint_file(file)),
                     Catch::Contains("config.accumulate.microbatches: 4 here, 2 in the checkpoint"));
 }
@@ -182,7 +182,7 @@ TEST_CASE("weights-only files load into a fresh run for fine-tuning", "[checkpoi
   CHECK(same_bits(fine.parameters(), t.parameters()));
   CHECK(fine.steps_done() == 0);
   using bigger = etude::model<etude::shape{.codebooks = 4, .card = 32, .dim = 64, .heads = 2, .layers = 2, .max_len = 64}>;
-  etude::trainer<etude::train_config<bigger>> wrong{h};
+  etude::cpu_trainer<etude::train_config<bigger>> wrong{h};
   CHECK_THROWS_AS(etude::io::load_weights(wrong, dir.path() / "weights.safetensors"), etude::error);
 }
 
@@ -232,7 +232,7 @@ TEST_CASE("a failed write (file size limit as a full disk) leaves the previous c
 }
 
 TEST_CASE("a resumed fp16 run continues bit-identically, loss scaler included", "[checkpoint]") {
-  using fp16_trainer = etude::trainer<etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>>>;
+  using fp16_trainer = etude::cpu_trainer<etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>>>;
   etude::test::scratch_dir dir;
   etude::hyper h = hyper();
   h.loss_scale = std::ldexp(1.0, 36);  // overflows first: some skipped steps before the save

@@ -47,7 +47,7 @@ run_result run() {
   h.lr = 3e-3;
   h.warmup_steps = 0;
   h.total_steps = 100;
-  etude::trainer<cfg<Precision, Ckpt>> t{h};
+  etude::cpu_trainer<cfg<Precision, Ckpt>> t{h};
   run_result r;
   for (std::uint64_t s = 0; s < 2; ++s) r.ce.push_back(t.step(batch_of(s)).ce);
   r.ce.push_back(t.loss_and_gradients(batch_of(2)).ce);
@@ -68,8 +68,8 @@ void check_identical(const run_result& base, bool saves = true) {
   if (saves) CHECK(r.peak < base.peak);
   else CHECK(r.peak == base.peak);
   // the trainer's arena is exactly what the plan lays out
-  const auto plan = etude::trainer<cfg<Precision, Ckpt>>::plan(2, 40);
-  const auto none = etude::trainer<cfg<Precision, ck::none>>::plan(2, 40);
+  const auto plan = etude::cpu_trainer<cfg<Precision, Ckpt>>::plan(2, 40);
+  const auto none = etude::cpu_trainer<cfg<Precision, ck::none>>::plan(2, 40);
   CHECK(base.peak - r.peak == none.activations + none.temporaries - plan.activations - plan.temporaries);
 }
 

@@ -29,7 +29,7 @@ template <class Pattern, class... Policies>
 void check_all_gradients(index_t batch = 2, index_t frames = 5) {
   using lm = etude::model<tiny, Pattern>;
   using cfg = etude::train_config<lm, etude::precision::fp64, Policies...>;
-  etude::trainer<cfg> tr;
+  etude::cpu_trainer<cfg> tr;
   const auto data = padded_batch(batch, frames, 21);
   tr.loss_and_gradients(data);
   const std::vector<double> grad(tr.gradients().begin(), tr.gradients().end());

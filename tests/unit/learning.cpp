@@ -23,7 +23,7 @@ TEST_CASE("training approaches the synthetic corpus' entropy bound", "[learning]
   h.warmup_steps = 20;
   h.total_steps = 400;
   h.weight_decay = 0.0;
-  etude::trainer<etude::train_config<lm, etude::schedule::cosine>> trainer{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::schedule::cosine>> trainer{h};
   const etude::index_t frames = 48;
   const auto valid = corpus.sample(32, frames, 1u << 20);
   const auto plan = etude::make_pattern_plan<lm::pattern>(shape.codebooks, frames);

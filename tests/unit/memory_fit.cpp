@@ -32,7 +32,7 @@ constexpr etude::shape small_shape{.codebooks = 4, .card = 64, .dim = 64, .heads
 using lm = etude::model<small_shape>;  // delay<0, 1, 2, 3>: S = T + 1
 constexpr index_t b = 4, frames = 15, rows = b * (frames + 1);
 constexpr index_t D = small_shape.dim, F = small_shape.ffn(), H = small_shape.heads, L = small_shape.layers;
-constexpr index_t P = lm::params::total_floats;
+constexpr index_t P = lm::params::total_elements;
 
 // Per token position over the model: slots stored as activation_t, and statistics (LayerNorm mean
 // and 1/std, attention log-sum-exp), which stay float.

@@ -105,12 +105,12 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
     b.mask.assign(static_cast<std::size_t>(batch * S.codebooks * frames), 1);
     etude::hyper h;
     h.total_steps = 10;
-    etude::trainer<Config> t{h};
+    etude::cpu_trainer<Config> t{h};
     t.step(b);
     t.step(b);
     m.peak = high.load() - base;
     m.reported = t.memory().peak_allocated;
-    m.plan = etude::trainer<Config>::plan(microbatch, frames);
+    m.plan = etude::cpu_trainer<Config>::plan(microbatch, frames);
   }
   return m;
 }

@@ -37,7 +37,7 @@ etude::hyper tracking_hyper() {
 }  // namespace
 
 TEST_CASE("the working copy is the master rounded to nearest even", "[precision]") {
-  etude::trainer<etude::train_config<lm, pr::bf16>> t{tracking_hyper()};
+  etude::cpu_trainer<etude::train_config<lm, pr::bf16>> t{tracking_hyper()};
   for (std::uint64_t s = 0; s < 3; ++s) t.step(corpus().sample(8, 32, s));
   const auto master = t.parameters();
   const auto working = t.working_parameters();
@@ -56,9 +56,9 @@ TEST_CASE("the working copy is the master rounded to nearest even", "[precision]
 
 TEST_CASE("mixed policies start from the fp32 loss within the dtype's rounding", "[precision]") {
   const auto b = corpus().sample(8, 48, 1);
-  etude::trainer<etude::train_config<lm, pr::fp32>> f32;
-  etude::trainer<etude::train_config<lm, pr::bf16>> b16;
-  etude::trainer<etude::train_config<lm, pr::fp16>> f16;
+  etude::cpu_trainer<etude::train_config<lm, pr::fp32>> f32;
+  etude::cpu_trainer<etude::train_config<lm, pr::bf16>> b16;
+  etude::cpu_trainer<etude::train_config<lm, pr::fp16>> f16;
   const double ref = f32.evaluate(b).ce;
   const double eb = b16.evaluate(b).ce, eh = f16.evaluate(b).ce;
   std::printf("initial ce: fp32 %.6f bf16 %.6f (%.2e) fp16 %.6f (%.2e)\n", ref, eb, std::abs(eb - ref) / ref, eh,
@@ -78,7 +78,7 @@ bool same_bytes(std::span<const T> a, std::span<const T> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-using fp16_trainer = etude::trainer<etude::train_config<lm, pr::fp16>>;
+using fp16_trainer = etude::cpu_trainer<etude::train_config<lm, pr::fp16>>;
 
 // Whether the gradients of `batch` overflow at the trainer's current scale, asked of a copy.
 bool overflows(const fp16_trainer& t, const etude::batch_view& batch) {
@@ -174,7 +174,7 @@ TEST_CASE("fp16 gradients are the scaled fp32 gradients within fp16 rounding", "
   const auto batch = corpus().sample(8, 32, 3);
   fp16_trainer f16{tracking_hyper()};
   const auto st = f16.loss_and_gradients(batch);
-  etude::trainer<etude::train_config<lm, pr::fp32>> ref{tracking_hyper()};
+  etude::cpu_trainer<etude::train_config<lm, pr::fp32>> ref{tracking_hyper()};
   const auto st_ref = ref.loss_and_gradients(batch);
   std::vector<double> unscaled(f16.gradients().begin(), f16.gradients().end());
   for (double& g : unscaled) g /= st.scale;
@@ -197,15 +197,15 @@ TEST_CASE("per-role overrides train", "[precision]") {
   STATIC_REQUIRE(std::is_same_v<grads16::master_t, float>);
   STATIC_REQUIRE(!acts16::has_master);
   STATIC_REQUIRE(std::is_same_v<acts16::activation_t, etude::bf16>);
-  etude::trainer<etude::train_config<lm, grads16>> a{tracking_hyper()};
-  etude::trainer<etude::train_config<lm, acts16>> b{tracking_hyper()};
-  etude::trainer<etude::train_config<lm, states16>> c{tracking_hyper()};
+  etude::cpu_trainer<etude::train_config<lm, grads16>> a{tracking_hyper()};
+  etude::cpu_trainer<etude::train_config<lm, acts16>> b{tracking_hyper()};
+  etude::cpu_trainer<etude::train_config<lm, states16>> c{tracking_hyper()};
   // the overrides reach the buffers: bf16 gradients, bf16 moments, bf16 activations in the arena
   STATIC_REQUIRE(std::is_same_v<decltype(a.gradients())::element_type, const etude::bf16>);
   STATIC_REQUIRE(std::is_same_v<decltype(c.optimizer_state(0))::element_type, etude::bf16>);
   // (statistics stay float, so a little over half)
-  CHECK(etude::trainer<etude::train_config<lm, acts16>>::plan(8, 32).activations <
-        0.55 * static_cast<double>(etude::trainer<etude::train_config<lm, pr::fp32>>::plan(8, 32).activations));
+  CHECK(etude::cpu_trainer<etude::train_config<lm, acts16>>::plan(8, 32).activations <
+        0.55 * static_cast<double>(etude::cpu_trainer<etude::train_config<lm, pr::fp32>>::plan(8, 32).activations));
   double first_a = 0, first_b = 0, first_c = 0, last_a = 0, last_b = 0, last_c = 0;
   for (std::uint64_t s = 0; s < 30; ++s) {
     const auto batch = corpus().sample(8, 32, s);

@@ -30,7 +30,7 @@ std::vector<double> curve(const etude::data::synthetic_tokens& corpus, double& v
   h.warmup_steps = 20;
   h.total_steps = steps;
   h.weight_decay = 0.0;
-  etude::trainer<etude::train_config<lm, Precision>> t{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision>> t{h};
   std::vector<double> ce;
   for (int s = 0; s < steps; ++s) ce.push_back(t.step(corpus.sample(16, 48, static_cast<std::uint64_t>(s))).ce);
   valid_ce = t.evaluate(corpus.sample(32, 48, 1u << 20)).ce;

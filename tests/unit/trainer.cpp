@@ -70,7 +70,7 @@ TEST_CASE("with warmup the first update has lr 0 and changes no parameter", "[st
   etude::hyper h;
   h.warmup_steps = 3;
   h.total_steps = 10;
-  etude::trainer<etude::train_config<lm>> tr{h};
+  etude::cpu_trainer<etude::train_config<lm>> tr{h};
   const std::vector<float> before(tr.parameters().begin(), tr.parameters().end());
   const auto st = tr.step(random_batch(2, 8, 1));
   CHECK(st.lr == 0.0);
@@ -89,7 +89,7 @@ TEST_CASE("AdamW's first update follows PyTorch's formula, with decay on every p
   h.lr = 1e-2;
   h.weight_decay = 0.1;
   h.clip_norm = 0.0;
-  etude::trainer<cfg> probe{h}, tr{h};
+  etude::cpu_trainer<cfg> probe{h}, tr{h};
   const auto data = random_batch(2, 8, 3);
   probe.loss_and_gradients(data);
   const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
@@ -109,12 +109,12 @@ TEST_CASE("global-norm clipping scales gradients by max_norm / (norm + 1e-6) onl
   h.lr = 0.1;
   h.weight_decay = 0.0;
   const auto data = random_batch(2, 8, 4);
-  etude::trainer<cfg> probe{h};
+  etude::cpu_trainer<cfg> probe{h};
   const double norm = probe.loss_and_gradients(data).grad_norm;
   REQUIRE(norm > 0.05);
   for (double clip : {0.05, 1e6}) {
     h.clip_norm = clip;
-    etude::trainer<cfg> tr{h};
+    etude::cpu_trainer<cfg> tr{h};
     const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
     const auto st = tr.step(data);
     CHECK(st.grad_norm == Approx(norm).epsilon(1e-12));
@@ -133,7 +133,7 @@ TEST_CASE("SGD with momentum and Nesterov follows PyTorch's recurrence", "[step]
   h.weight_decay = 0.01;
   h.momentum = 0.8;
   h.clip_norm = 0.0;
-  etude::trainer<cfg> tr{h}, probe{h};
+  etude::cpu_trainer<cfg> tr{h}, probe{h};
   std::vector<double> buf(tr.parameters().size(), 0.0);
   for (int s = 0; s < 2; ++s) {
     const auto data = random_batch(2, 8, 10 + static_cast<std::uint64_t>(s));
@@ -154,7 +154,7 @@ TEST_CASE("SGD with momentum and Nesterov follows PyTorch's recurrence", "[step]
 TEST_CASE("validation touches no parameter, gradient or optimiser state", "[step][eval]") {
   etude::hyper h;
   h.lr = 1e-3;
-  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
   tr.step(random_batch(4, 8, 5));
   tr.step(random_batch(4, 8, 6));
   const snapshot before(tr);
@@ -168,7 +168,7 @@ TEST_CASE("validation touches no parameter, gradient or optimiser state", "[step
 TEST_CASE("an evaluation of a larger batch between steps leaves the training trajectory bit-identical", "[step][eval]") {
   etude::hyper h;
   h.lr = 3e-3;
-  etude::trainer<etude::train_config<lm>> with_eval{h}, without{h};
+  etude::cpu_trainer<etude::train_config<lm>> with_eval{h}, without{h};
   with_eval.step(random_batch(2, 8, 40));
   without.step(random_batch(2, 8, 40));
   with_eval.evaluate(random_batch(6, 20, 41));  // grows every workspace past the training size
@@ -178,7 +178,7 @@ TEST_CASE("an evaluation of a larger batch between steps leaves the training tra
 }
 
 TEST_CASE("evaluation equals the loss of the training objective on the same batch", "[step][eval]") {
-  etude::trainer<etude::train_config<lm>> tr;
+  etude::cpu_trainer<etude::train_config<lm>> tr;
   const auto data = random_batch(2, 9, 8);
   const double ce = tr.evaluate(data).ce;
   CHECK(tr.loss_and_gradients(data).ce == Approx(ce).epsilon(1e-12));
@@ -189,7 +189,7 @@ TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism
   h.lr = 3e-3;
   h.warmup_steps = 1;
   h.total_steps = 10;
-  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> a{h}, b{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> a{h}, b{h};
   for (int s = 0; s < 3; ++s) {
     const auto data = random_batch(4, 10, 30 + static_cast<std::uint64_t>(s));
     const auto sa = a.step(data), sb = b.step(data);
@@ -198,15 +198,15 @@ TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism
   }
   CHECK(snapshot(a) == snapshot(b));
   h.seed = 43;
-  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> c{h};
-  CHECK(std::memcmp(c.parameters().data(), etude::trainer<etude::train_config<lm, etude::accumulate<2>>>{}.parameters().data(),
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> c{h};
+  CHECK(std::memcmp(c.parameters().data(), etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>>{}.parameters().data(),
                     c.parameters().size() * sizeof(float)) != 0);
 }
 
 TEST_CASE("initialisation follows AudioCraft", "[init]") {
   constexpr etude::shape s{.codebooks = 2, .card = 512, .dim = 64, .heads = 4, .layers = 3, .max_len = 64};
   using big = etude::model<s, pat::parallel>;
-  etude::trainer<etude::train_config<big>> tr;
+  etude::cpu_trainer<etude::train_config<big>> tr;
   auto stats = [&](const etude::param_desc& p) {
     double sum = 0, sq = 0, peak = 0;
     for (float x : tr.tensor(p)) {
@@ -241,7 +241,7 @@ TEST_CASE("initialisation follows AudioCraft", "[init]") {
 TEST_CASE("bad input is refused with a clear error and no state changed", "[step][errors]") {
   etude::hyper h;
   h.lr = 1e-3;
-  etude::trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
+  etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> tr{h};
   tr.step(random_batch(2, 8, 9));
   const snapshot before(tr);
   auto expect = [&](const etude::token_batch& b, const std::string& fragment) {
@@ -273,7 +273,7 @@ TEST_CASE("bad input is refused with a clear error and no state changed", "[step
 TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[step][errors]") {
   etude::hyper h;
   h.lr = 1e-3;
-  etude::trainer<etude::train_config<lm>> tr{h};
+  etude::cpu_trainer<etude::train_config<lm>> tr{h};
   tr.step(random_batch(2, 8, 14));
   auto w = tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
   w[5] = std::numeric_limits<float>::infinity();
@@ -290,7 +290,7 @@ TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[
 }
 
 TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
-  using trainer_t = etude::trainer<etude::train_config<lm>>;
+  using trainer_t = etude::cpu_trainer<etude::train_config<lm>>;
   etude::hyper h;
   h.warmup_steps = 100;
   h.total_steps = 50;
@@ -304,9 +304,9 @@ TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
 }
 
 TEST_CASE("memory report: allocated against reserved, and their peaks", "[step][memory]") {
-  etude::trainer<etude::train_config<lm>> tr;
+  etude::cpu_trainer<etude::train_config<lm>> tr;
   const auto small = tr.step(random_batch(2, 8, 50)).memory;
-  const etude::index_t state = 3 * lm::params::total_floats * static_cast<etude::index_t>(sizeof(float));
+  const etude::index_t state = 3 * lm::params::total_elements * static_cast<etude::index_t>(sizeof(float));
   CHECK(small.allocated > state);  // parameters, gradients, two moments (- one buffer: AdamW has m and v)
   CHECK(small.reserved >= small.allocated);
   tr.evaluate(random_batch(6, 20, 51));  // grows the workspaces
@@ -316,7 +316,7 @@ TEST_CASE("memory report: allocated against reserved, and their peaks", "[step][
   const auto again = tr.step(random_batch(2, 8, 52)).memory;
   CHECK(again.allocated == small.allocated);  // the same batch uses the same bytes...
   CHECK(again.reserved > small.reserved);     // ...of workspaces that stay grown (the position table
-  CHECK(again.reserved <= grown.reserved);    // follows the sequence length)
+  CHECK(again.reserved <= grown.reserved);    // keeps the longest length; allocated counts the rows read)
   CHECK(again.peak_allocated == grown.peak_allocated);
   CHECK(again.peak_reserved == grown.peak_reserved);
 }

@@ -19,15 +19,24 @@
 //   attention_bwd(dqkv (B·S, 3D), datt, qkv, lse, B, S, H, hd, scratch, size)
 //   gelu_fwd(y, x, n), gelu_bwd(dy in place → dx, x, n)              exact erf GELU
 //   softmax_xent(logits (rows, C) in place → weight·(softmax − onehot), target (rows) or −1,
-//                rows, C, weight) -> summed cross-entropy (double)
-//   sum_squares(x, n) -> double, all_finite(x, n) -> bool           deterministic reductions
-//   adamw_update(master, g, m, v, n, lr, beta1, beta2, eps, wd, step, grad_scale, working copy)
-//   sgd_update(master, g, buf, n, lr, momentum, wd, nesterov, first_step, grad_scale, working copy)
+//                rows, C, const F* weight, double* loss)         *loss += summed cross-entropy
+//   sum_squares(x, n, double* out), all_finite(x, n) -> bool       deterministic reductions
+//   adamw_update(master, g, m, v, n, const adamw::scalars*, const double* grad_scale,
+//                const int* skip, working copy)
+//   sgd_update(master, g, buf, n, const sgd_scalars*, const double* grad_scale, const int* skip,
+//              working copy)
+//   step_control(const step_limits*, const double* losses, n, step_decision*)  (ops/step_control.hpp)
+//   clear_unless(x, n, const int* keep)
+// Pointer scalars (weight, loss, grad_scale, skip, keep, the optimiser's scalars) live in the
+// memory of the backend that runs the op, so one step body serves every backend and a GPU step
+// can be captured once and replayed.
 #pragma once
 
 #include <concepts>
 
+#include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/step_control.hpp"
 
 namespace etude {
 
@@ -36,7 +45,9 @@ concept backend_op_set = requires(typename Policy::param_t* w, typename Policy::
                                   typename Policy::grad_t* g, typename Policy::master_t* m,
                                   typename Policy::state_t* st, typename Policy::compute_t* f,
                                   const typename Policy::param_t* const* tables, typename Policy::grad_t* const* dtables,
-                                  const token_t* tok, index_t n, int k, bool flag, double d, long step, float* ws) {
+                                  const token_t* tok, index_t n, int k, bool flag, double d, float* ws,
+                                  const optim::adamw::scalars* adam, const optim::sgd_scalars* sgd,
+                                  const step_limits* limits, step_decision* decision, const int* flag_ptr) {
   { B::name } -> std::convertible_to<const char*>;
   B::gemm(flag, flag, n, n, n, d, a, n, w, n, d, a, n, ws);
   B::gemm(flag, flag, n, n, n, d, a, n, a, n, d, g, n, ws);
@@ -51,11 +62,13 @@ concept backend_op_set = requires(typename Policy::param_t* w, typename Policy::
   B::attention_bwd(a, a, a, f, n, n, k, n, f, n);
   B::gelu_fwd(a, a, n);
   B::gelu_bwd(a, a, n);
-  { B::softmax_xent(a, tok, n, n, d) } -> std::convertible_to<double>;
-  { B::sum_squares(g, n) } -> std::convertible_to<double>;
+  B::softmax_xent(a, tok, n, n, f, &decision->sum_squares);
+  B::sum_squares(g, n, &decision->sum_squares);
   { B::all_finite(g, n) } -> std::convertible_to<bool>;
-  B::adamw_update(m, g, st, st, n, d, d, d, d, d, step, d, w);
-  B::sgd_update(m, g, st, n, d, d, d, flag, flag, d, w);
+  B::adamw_update(m, g, st, st, n, adam, &decision->grad_scale, flag_ptr, w);
+  B::sgd_update(m, g, st, n, sgd, &decision->grad_scale, flag_ptr, w);
+  B::step_control(limits, &decision->sum_squares, k, decision);
+  B::clear_unless(g, n, flag_ptr);
 };
 
 }  // namespace etude

@@ -1,4 +1,4 @@
-// Activation-checkpointing policies: which of a layer's saved activations (model/activations.hpp)
+// Activation-checkpointing policies: which of a layer's saved activations (config/activation_slots.hpp)
 // are kept from the forward pass and which the backward pass recomputes. The options AudioCraft
 // and llm.c offer, as types:
 //
@@ -16,7 +16,7 @@
 
 #include <string>
 
-#include "etude/model/activations.hpp"
+#include "etude/config/activation_slots.hpp"
 
 namespace etude::checkpointing {
 

@@ -8,6 +8,7 @@
 
 #include "etude/config/accumulate.hpp"
 #include "etude/config/checkpointing.hpp"
+#include "etude/config/hyper.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/config/precision.hpp"
 
@@ -59,26 +60,6 @@ struct train_config {
   using schedule = typename detail::pick_policy<schedule::schedule_tag, schedule::cosine, Policies...>::type;
   static constexpr int microbatches = accumulation::microbatches;
   static constexpr loss_norm norm = accumulation::norm;
-};
-
-// Runtime hyperparameters: numbers a sweep changes without recompiling. Defaults are MusicGen's.
-struct hyper {
-  double lr = 1e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-  double momentum = 0.9;       // SGD only
-  long warmup_steps = 0;
-  long total_steps = 1000;     // where cosine/linear schedules end
-  double min_lr_ratio = 0.0;   // cosine/linear floor, as a fraction of lr
-  double clip_norm = 1.0;      // global gradient norm; 0 disables clipping
-  unsigned long long seed = 42;
-  // dynamic loss scaling (precision policies with loss_scaled, e.g. fp16): PyTorch's defaults
-  double loss_scale = 65536.0;     // initial scale
-  double scale_growth = 2.0;       // factor after scale_interval steps without overflow
-  double scale_backoff = 0.5;      // factor after a step whose gradients overflowed
-  long scale_interval = 2000;      // good steps between growths
 };
 
 }  // namespace etude

@@ -34,4 +34,13 @@ class non_finite : public error {
   using error::error;
 };
 
+// A file that is missing, unreadable, corrupt, inconsistent or cannot be written: a token shard,
+// manifest, .npy input, checkpoint, metrics log or event file. The message names the path (and the
+// example, field or tensor inside it where there is one) and says what to do. The data side calls
+// it data_error (data/error.hpp).
+class file_error : public error {
+ public:
+  using error::error;
+};
+
 }  // namespace etude

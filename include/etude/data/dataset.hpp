@@ -135,7 +135,7 @@ class dataset_split {
     if (r.total_frames() != e.frames) throw mismatch("frames", std::to_string(r.total_frames()), std::to_string(e.frames));
     if (r.checksum() != e.checksum) {
       char a[17], b[17];
-      throw mismatch("checksum", std::string(detail::hex64(r.checksum(), a)), std::string(detail::hex64(e.checksum, b)));
+      throw mismatch("checksum", std::string(etude::detail::hex64(r.checksum(), a)), std::string(etude::detail::hex64(e.checksum, b)));
     }
   }
 

@@ -13,7 +13,7 @@
 #include "etude/core/types.hpp"
 #include "etude/data/conditions.hpp"
 #include "etude/data/host_allocator.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 
 namespace etude::data {
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "etude/data/codec.hpp"
-#include "etude/data/detail/posix_file.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 
 namespace etude::data {
@@ -116,7 +116,7 @@ class manifest {
   // changing any token, condition, id, or the shard order changes it.
   std::string fingerprint(std::string_view split_name) const {
     const split_entry& sp = split(split_name);
-    detail::xxhash64 h;
+    etude::detail::xxhash64 h;
     auto field = [&](std::string_view s) {
       const std::uint64_t n = s.size();
       h.update(&n, 8);
@@ -137,7 +137,7 @@ class manifest {
     number(sp.shards.size());
     for (const auto& s : sp.shards) number(s.checksum);
     char hex[17];
-    return std::string(detail::hex64(h.digest(), hex));
+    return std::string(etude::detail::hex64(h.digest(), hex));
   }
 
   nlohmann::ordered_json to_json() const {
@@ -170,7 +170,7 @@ class manifest {
         char hex[17];
         list.push_back({{"file", sh.file},
                         {"bytes", sh.bytes},
-                        {"checksum", std::string(detail::hex64(sh.checksum, hex))},
+                        {"checksum", std::string(etude::detail::hex64(sh.checksum, hex))},
                         {"examples", sh.examples},
                         {"frames", sh.frames},
                         {"tokens", K * sh.frames}});
@@ -297,7 +297,7 @@ class manifest {
   static manifest load(const std::filesystem::path& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in)
-      throw data_error(path.string() + ": cannot open the dataset manifest: " + detail::errno_text(errno) +
+      throw data_error(path.string() + ": cannot open the dataset manifest: " + etude::detail::errno_text(errno) +
                        "; check the path (pack_tokens writes manifest.json in its --output directory)");
     std::stringstream text;
     text << in.rdbuf();
@@ -314,7 +314,7 @@ class manifest {
   void save(const std::filesystem::path& path) const {
     validate(path.string());
     const std::string text = to_json().dump(2) + "\n";
-    detail::atomic_file f(path);
+    etude::detail::atomic_file f(path);
     f.write(text.data(), text.size());
     f.commit();
   }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "etude/core/types.hpp"
-#include "etude/data/detail/posix_file.hpp"
+#include "etude/core/detail/posix_file.hpp"
 #include "etude/data/error.hpp"
 
 namespace etude::data {
@@ -183,7 +183,7 @@ inline int npy_integer_size(std::string_view descr, bool& is_signed) {
 
 inline npy_codes read_npy_codes(const std::filesystem::path& path) {
   const std::string where = path.string();
-  detail::mapped_file file(path);
+  etude::detail::mapped_file file(path);
   const npy_header h = parse_npy_header(file.data(), file.size(), where);
   bool is_signed = true;
   const int bytes = npy_integer_size(h.descr, is_signed);

@@ -24,8 +24,8 @@
 
 #include "etude/data/codec.hpp"
 #include "etude/data/conditions.hpp"
-#include "etude/data/detail/posix_file.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 #include "etude/data/manifest.hpp"
 #include "etude/data/npy.hpp"
@@ -64,7 +64,7 @@ namespace detail {
 // Which split a group goes to: XXH64 of the group name with the seed as XXH64's seed, its top
 // 53 bits as u in [0, 1), and the first split whose cumulative ratio exceeds u.
 inline std::size_t split_of(const std::string& group, std::uint64_t seed, const std::vector<double>& cumulative) {
-  const double u = static_cast<double>(xxhash64::of(group.data(), group.size(), seed) >> 11) * 0x1.0p-53;
+  const double u = static_cast<double>(etude::detail::xxhash64::of(group.data(), group.size(), seed) >> 11) * 0x1.0p-53;
   for (std::size_t i = 0; i < cumulative.size(); ++i)
     if (u < cumulative[i]) return i;
   return cumulative.size() - 1;
@@ -128,7 +128,7 @@ inline pack_report pack_directory(const pack_options& o) {
   std::map<std::string, std::size_t> first_line;
   if (o.metadata) {
     std::ifstream in(*o.metadata);
-    if (!in) throw data_error(o.metadata->string() + ": cannot open the metadata file: " + detail::errno_text(errno));
+    if (!in) throw data_error(o.metadata->string() + ": cannot open the metadata file: " + etude::detail::errno_text(errno));
     std::string text;
     for (std::size_t line = 1; std::getline(in, text); ++line) {
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -308,7 +308,7 @@ inline pack_report pack_directory(const pack_options& o) {
     m.provenance["rejections"] = "rejected.jsonl";
     std::string lines;
     for (const auto& r : report.rejected) lines += json{{"input", r.input}, {"reason", r.reason}}.dump() + "\n";
-    detail::atomic_file f(o.output / "rejected.jsonl");
+    etude::detail::atomic_file f(o.output / "rejected.jsonl");
     f.write(lines.data(), lines.size());
     f.commit();
   }

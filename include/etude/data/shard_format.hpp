@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "etude/data/conditions.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 
 namespace etude::data::shard_format {
@@ -204,7 +204,7 @@ inline bool entry_fits(const header& h, const index_entry& e) {
 // file order, followed by the header with its checksum field read as zero. That order lets a
 // writer hash while streaming and patch the header last.
 inline std::uint64_t checksum(const unsigned char* file, std::uint64_t header_bytes, std::uint64_t file_bytes) {
-  etude::data::detail::xxhash64 h;
+  etude::detail::xxhash64 h;
   // Feed in slices so a 32-bit size_t could not truncate, and large mappings stream through.
   constexpr std::uint64_t slice = 1ull << 30;
   for (std::uint64_t at = header_bytes; at < file_bytes; at += slice)

@@ -16,8 +16,8 @@
 
 #include "etude/core/types.hpp"
 #include "etude/data/conditions.hpp"
-#include "etude/data/detail/posix_file.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 #include "etude/data/shard_format.hpp"
 
@@ -110,8 +110,8 @@ class shard_reader {
       if (sum != header_.checksum) {
         char want[17], got[17];
         throw data_error(where + ": checksum mismatch: the header records " +
-                         std::string(detail::hex64(header_.checksum, want)) + " but the bytes hash to " +
-                         std::string(detail::hex64(sum, got)) +
+                         std::string(etude::detail::hex64(header_.checksum, want)) + " but the bytes hash to " +
+                         std::string(etude::detail::hex64(sum, got)) +
                          "; the shard is corrupt or was modified, re-copy or re-pack it");
       }
     }
@@ -166,7 +166,7 @@ class shard_reader {
                              std::to_string(size()) + " examples");
   }
 
-  detail::mapped_file file_;
+  etude::detail::mapped_file file_;
   shard_format::header header_;
   std::vector<shard_format::index_entry> entries_;
 };

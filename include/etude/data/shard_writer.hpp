@@ -19,8 +19,8 @@
 #include "etude/core/types.hpp"
 #include "etude/data/codec.hpp"
 #include "etude/data/conditions.hpp"
-#include "etude/data/detail/posix_file.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 #include "etude/data/shard_format.hpp"
 
@@ -191,7 +191,7 @@ class shard_writer {
     buffer_.clear();
   }
 
-  detail::atomic_file file_;
+  etude::detail::atomic_file file_;
   codec_spec codec_;
   std::uint32_t token_bytes_ = 2;
   std::uint64_t header_bytes_ = 0;
@@ -201,7 +201,7 @@ class shard_writer {
   std::vector<unsigned char> buffer_;
   std::vector<shard_format::index_entry> entries_;
   std::unordered_set<std::string> ids_;
-  detail::xxhash64 hash_;
+  etude::detail::xxhash64 hash_;
   bool finalized_ = false;
 };
 

@@ -18,7 +18,7 @@
 #include "etude/core/error.hpp"
 #include "etude/core/rng.hpp"
 #include "etude/core/types.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 
 namespace etude::data {
 

@@ -34,8 +34,8 @@
 
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
-#include "etude/data/detail/posix_file.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
 #include "etude/track/config_record.hpp"
@@ -102,18 +102,18 @@ inline std::optional<long> step_of(const std::filesystem::path& p) {
   return step;
 }
 
-inline const char* slot_name(int slot, int slots) {
-  if (slots == 1) return "momentum_buffer";
-  return slot == 0 ? "exp_avg" : "exp_avg_sq";
+template <class Trainer>
+const char* slot_name(int slot) {
+  return Trainer::config::optimizer::state_names[slot];
 }
 
 // The value stored as etude.checksum: XXH64 over the state text and the tensors in layout order.
 inline std::string content_checksum(const std::string& state, const std::vector<std::span<const std::byte>>& tensors) {
-  data::detail::xxhash64 h;
+  etude::detail::xxhash64 h;
   h.update(state);
   for (const auto& t : tensors) h.update(t.data(), t.size());
   char hex[17];
-  return std::string(data::detail::hex64(h.digest(), hex));
+  return std::string(etude::detail::hex64(h.digest(), hex));
 }
 
 }  // namespace detail
@@ -125,6 +125,7 @@ struct checkpoint_snapshot {
   std::vector<std::uint64_t> rows, cols;
   std::vector<std::vector<float>> params;                // per tensor
   std::vector<std::vector<std::vector<float>>> slots;    // [slot][tensor]
+  std::vector<std::string> slot_names;                   // the optimiser's state names
   json state;
 };
 
@@ -135,6 +136,7 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   s.step = t.steps_done();
   const int slots = Trainer::optimizer_state_count;
   s.slots.resize(static_cast<std::size_t>(slots));
+  for (int k = 0; k < slots; ++k) s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
   for (const param_desc& p : params::entries) {
     s.names.push_back(param_name(p));
     s.rows.push_back(static_cast<std::uint64_t>(p.rows));
@@ -173,7 +175,7 @@ inline void write_snapshot(const checkpoint_snapshot& s, const std::filesystem::
   for (std::size_t i = 0; i < s.names.size(); ++i) {
     tensors.emplace_back("model." + s.names[i], &s.params[i]);
     for (int k = 0; k < slots; ++k)
-      tensors.emplace_back(std::string("optim.") + detail::slot_name(k, slots) + "." + s.names[i],
+      tensors.emplace_back("optim." + s.slot_names[static_cast<std::size_t>(k)] + "." + s.names[i],
                            &s.slots[static_cast<std::size_t>(k)][i]);
   }
   std::vector<std::span<const std::byte>> bytes;
@@ -254,7 +256,7 @@ run_state restore(Trainer& t, const checkpoint_file& c) {
     throw checkpoint_error(msg);
   }
   const int slots = Trainer::optimizer_state_count;
-  const auto n = static_cast<std::size_t>(params::total_floats);
+  const auto n = static_cast<std::size_t>(params::total_elements);
   std::vector<float> p(n, 0.0f), s1(n, 0.0f), s2(slots > 1 ? n : 0, 0.0f);
   for (const param_desc& d : params::entries) {
     const std::string name = param_name(d);
@@ -266,8 +268,8 @@ run_state restore(Trainer& t, const checkpoint_file& c) {
       std::copy(values.begin(), values.end(), into.begin() + d.offset);
     };
     put(p, "model." + name);
-    put(s1, std::string("optim.") + detail::slot_name(0, slots) + "." + name);
-    if (slots > 1) put(s2, std::string("optim.") + detail::slot_name(1, slots) + "." + name);
+    put(s1, std::string("optim.") + detail::slot_name<Trainer>(0) + "." + name);
+    if (slots > 1) put(s2, std::string("optim.") + detail::slot_name<Trainer>(1) + "." + name);
   }
   using state_type = typename Trainer::state_type;
   if constexpr (std::is_same_v<state_type, float>) {
@@ -397,7 +399,7 @@ class checkpoint_manager {
   }
 
   void write_pointer(const std::string& name) {
-    data::detail::atomic_file f(dir_ / "latest");
+    etude::detail::atomic_file f(dir_ / "latest");
     const std::string line = name + "\n";
     f.write(line.data(), line.size());
     f.commit();

@@ -359,13 +359,13 @@ std::vector<tensor_spec> parameter_specs() {
   return out;
 }
 
-// Views of etude's flat parameter buffer (param_table<S>::total_floats floats), one per tensor.
+// Views of etude's flat parameter buffer (param_table<S>::total_elements floats), one per tensor.
 template <etude::shape S>
 std::vector<tensor_view> parameter_views(std::span<const float> flat) {
   using table = param_table<S>;
-  if (flat.size() < static_cast<std::size_t>(table::total_floats))
+  if (flat.size() < static_cast<std::size_t>(table::total_elements))
     throw invalid_argument("parameter_views: the flat buffer holds " + std::to_string(flat.size()) +
-                           " floats, the parameter table needs " + std::to_string(table::total_floats));
+                           " floats, the parameter table needs " + std::to_string(table::total_elements));
   auto specs = parameter_specs<S>();
   std::vector<tensor_view> out;
   for (std::size_t i = 0; i < table::count; ++i) {
@@ -389,9 +389,9 @@ std::vector<tensor_view> to_hf(std::span<const float> flat, const hf_options& op
 template <etude::shape S>
 void from_hf(std::span<const tensor_view> hf, std::span<float> flat, const hf_options& options = {}) {
   using table = param_table<S>;
-  if (flat.size() < static_cast<std::size_t>(table::total_floats))
+  if (flat.size() < static_cast<std::size_t>(table::total_elements))
     throw invalid_argument("from_hf: the flat buffer holds " + std::to_string(flat.size()) +
-                           " floats, the parameter table needs " + std::to_string(table::total_floats));
+                           " floats, the parameter table needs " + std::to_string(table::total_elements));
   const auto specs = parameter_specs<S>();
   const auto tensors = from_hf(hf, std::span<const tensor_spec>(specs), options);
   for (std::size_t i = 0; i < table::count; ++i)

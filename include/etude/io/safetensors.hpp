@@ -47,7 +47,7 @@
 #include <nlohmann/json.hpp>
 
 #include "etude/core/error.hpp"
-#include "etude/data/detail/posix_file.hpp"
+#include "etude/core/detail/posix_file.hpp"
 #include "etude/data/error.hpp"
 #include "etude/io/detail/float16.hpp"
 #include "etude/io/detail/strict_json.hpp"
@@ -60,9 +60,9 @@ static_assert(std::endian::native == std::endian::little,
 
 // A safetensors file that is missing, unreadable, malformed or inconsistent, or a tensor asked of it
 // that it does not hold in the form asked. A data_error, so one handler catches every file problem.
-class safetensors_error : public data_error {
+class safetensors_error : public file_error {
  public:
-  using data_error::data_error;
+  using file_error::file_error;
 };
 
 // The element types etude reads and writes, in the reference's order (which is by element size).
@@ -158,7 +158,7 @@ class safetensors_file {
 
   explicit safetensors_file(const std::filesystem::path& path) : path_(path) {
     try {
-      map_ = data::detail::mapped_file(path);
+      map_ = etude::detail::mapped_file(path);
     } catch (const safetensors_error&) {
       throw;
     } catch (const data_error& e) {
@@ -412,7 +412,7 @@ class safetensors_file {
   }
 
   std::filesystem::path path_;
-  data::detail::mapped_file map_;
+  etude::detail::mapped_file map_;
   std::uint64_t header_bytes_ = 0;
   std::map<std::string, tensor_info, std::less<>> tensors_;
   std::vector<std::string> order_;
@@ -505,7 +505,7 @@ class safetensors_writer {
                              " bytes, over the " + std::to_string(safetensors_file::max_header_bytes) +
                              "-byte limit readers enforce; split the tensors over several files");
     try {
-      data::detail::atomic_file out(path);
+      etude::detail::atomic_file out(path);
       const std::uint64_t n = text.size();
       out.write(&n, 8);
       out.write(text.data(), text.size());

@@ -9,36 +9,12 @@
 #include <array>
 #include <cstddef>
 
+#include "etude/config/activation_slots.hpp"
 #include "etude/config/shape.hpp"
 #include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude {
-
-enum class layer_slot : unsigned char {
-  x_in,      // (BS, D)  residual stream entering the layer
-  ln1,       // (BS, D)  LayerNorm 1 output: qkv's input
-  ln1_mean,  // (BS)
-  ln1_rstd,  // (BS)
-  qkv,       // (BS, 3D) packed q, k, v
-  att,       // (BS, D)  attention output before the out projection
-  att_lse,   // (BS, H)  log-sum-exp of each score row: backward recomputes probabilities
-  x_mid,     // (BS, D)  residual stream after attention
-  ln2,       // (BS, D)
-  ln2_mean,  // (BS)
-  ln2_rstd,  // (BS)
-  ffn_pre,   // (BS, F)  up-projection output, GELU's input
-  ffn_act,   // (BS, F)  GELU output: the down-projection's input
-  count_
-};
-
-enum class final_slot : unsigned char {
-  x_out,     // (BS, D) last layer's output
-  lnf,       // (BS, D) final LayerNorm output: the heads' input
-  lnf_mean,  // (BS)
-  lnf_rstd,  // (BS)
-  count_
-};
 
 template <shape S>
 struct activation_table {

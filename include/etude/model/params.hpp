@@ -92,7 +92,7 @@ struct param_table {
   static constexpr std::array<param_desc, count> entries = make();
 
   // Floats in the flat buffer, padding included.
-  static constexpr index_t total_floats = entries[count - 1].offset + detail::align16(entries[count - 1].numel());
+  static constexpr index_t total_elements = entries[count - 1].offset + detail::align16(entries[count - 1].numel());
 
   static constexpr index_t parameter_count() {
     index_t n = 0;

@@ -157,20 +157,20 @@ struct transformer {
     }
   }
 
-  // Heads and loss for codebook k. target: (B·S) token or −1. With weight ≠ 0 also the head
-  // backward: dlnf (B·S, D) = (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf. The weight
-  // carries the loss normalisation and, with loss scaling, the scale.
-  static double head(const W* p, G* g, std::byte* saved, A* logits, A* dlnf, const token_t* target, int k,
-                     index_t rows, double weight, const workspace& ws) {
+  // Heads and loss for codebook k: *loss += the summed cross-entropy against target ((B·S) token
+  // or −1), weighted by *weight. With backward also the head backward: dlnf (B·S, D) =
+  // (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf. The weight carries the loss normalisation
+  // and, with loss scaling, the scale; weight and loss live where the backend runs.
+  static void head(const W* p, G* g, std::byte* saved, A* logits, A* dlnf, const token_t* target, int k,
+                   index_t rows, const F* weight, double* loss, bool backward, const workspace& ws) {
     const A* lnf = final_at<A>(saved, final_slot::lnf, rows);
     const W* w = param(p, param_kind::head, -1, k);
     mm(ws, false, true, rows, C, D, 1.0, lnf, D, w, D, 0.0, logits, C);
-    const double loss = Backend::softmax_xent(logits, target, rows, C, weight);
-    if (weight != 0.0) {
+    Backend::softmax_xent(logits, target, rows, C, weight, loss);
+    if (backward) {
       mm(ws, false, false, rows, D, C, 1.0, logits, C, w, D, k == 0 ? 0.0 : 1.0, dlnf, D);
       mm(ws, true, false, C, D, rows, 1.0, logits, C, lnf, D, 1.0, param(g, param_kind::head, -1, k), D);
     }
-    return loss;
   }
 
   // Backward from dlnf (in scratch.dh, written by head()) to every parameter gradient

@@ -20,7 +20,7 @@
 #include "etude/config/pattern.hpp"
 #include "etude/config/shape.hpp"
 #include "etude/config/train_config.hpp"
-#include "etude/data/detail/xxhash64.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 
 BOOST_HANA_ADAPT_STRUCT(etude::shape, codebooks, card, dim, heads, layers, ffn_mult, max_len);
 BOOST_HANA_ADAPT_STRUCT(etude::hyper, lr, beta1, beta2, eps, weight_decay, momentum, warmup_steps, total_steps,
@@ -62,7 +62,7 @@ json describe_config() {
 inline std::string signature(const json& j) {
   const std::string text = j.dump();
   char hex[17];
-  return std::string(data::detail::hex64(data::detail::xxhash64::of(text.data(), text.size()), hex));
+  return std::string(etude::detail::hex64(etude::detail::xxhash64::of(text.data(), text.size()), hex));
 }
 
 // The fields where `ours` and `theirs` differ, one line each with the dotted path and both

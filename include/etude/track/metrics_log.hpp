@@ -30,7 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "etude/core/error.hpp"
-#include "etude/data/detail/posix_file.hpp"
+#include "etude/core/detail/posix_file.hpp"
 #include "etude/data/error.hpp"
 
 namespace etude::track {
@@ -159,7 +159,7 @@ inline metrics_scan scan_metrics(std::string_view bytes, const std::filesystem::
 }
 
 // A mapped file's bytes: a large log is paged in only as it is scanned.
-inline std::string_view mapped_bytes(const data::detail::mapped_file& f) {
+inline std::string_view mapped_bytes(const etude::detail::mapped_file& f) {
   return {reinterpret_cast<const char*>(f.data()), static_cast<std::size_t>(f.size())};
 }
 
@@ -171,7 +171,7 @@ inline void write_all(int fd, std::string_view bytes, const std::filesystem::pat
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
       throw data_error(file.string() + ": cannot append to the metrics log: " +
-                       data::detail::errno_text(w < 0 ? errno : ENOSPC) + "; check free disk space");
+                       etude::detail::errno_text(w < 0 ? errno : ENOSPC) + "; check free disk space");
     p += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -184,7 +184,7 @@ inline metrics_contents read_metrics(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
     throw data_error(file.string() + ": no metrics log here; check the run directory");
-  const data::detail::mapped_file f(file);
+  const etude::detail::mapped_file f(file);
   auto scan = detail::scan_metrics(detail::mapped_bytes(f), file);
   metrics_contents c;
   c.records.reserve(scan.lines.size());
@@ -204,7 +204,7 @@ inline metrics_truncation truncate_metrics(const std::filesystem::path& file, st
   if (!std::filesystem::exists(file, ec)) return t;
   std::string kept;
   {
-    const data::detail::mapped_file f(file);
+    const etude::detail::mapped_file f(file);
     auto scan = detail::scan_metrics(detail::mapped_bytes(f), file);
     for (const auto& l : scan.lines) {
       if (l.record.step > last_step) {
@@ -217,7 +217,7 @@ inline metrics_truncation truncate_metrics(const std::filesystem::path& file, st
     }
     t.dropped_tail = std::move(scan.dropped_tail);
   }
-  data::detail::atomic_file out(file);
+  etude::detail::atomic_file out(file);
   out.write(kept.data(), kept.size());
   out.commit();
   return t;
@@ -238,8 +238,8 @@ class metrics_log {
     const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
       throw data_error(file_.string() + ": cannot open the metrics log for appending: " +
-                       data::detail::errno_text(errno) + "; check that the run directory is writable");
-    fd_ = data::detail::unique_fd(fd);
+                       etude::detail::errno_text(errno) + "; check that the run directory is writable");
+    fd_ = etude::detail::unique_fd(fd);
     repair_tail();
   }
 
@@ -288,7 +288,7 @@ class metrics_log {
   // Forces the written lines to disk (write() already hands each line to the kernel).
   void sync() {
     if (fd_ && ::fsync(fd_.get()) != 0)
-      throw data_error(file_.string() + ": fsync of the metrics log failed: " + data::detail::errno_text(errno));
+      throw data_error(file_.string() + ": fsync of the metrics log failed: " + etude::detail::errno_text(errno));
   }
   void close() { fd_.reset(); }
 
@@ -303,12 +303,12 @@ class metrics_log {
   void repair_tail() {
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0)
-      throw data_error(file_.string() + ": cannot stat the metrics log: " + data::detail::errno_text(errno));
+      throw data_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
     if (st.st_size == 0) return;
     std::uint64_t keep = 0;
     bool terminate = false;
     {
-      const data::detail::mapped_file f(file_);
+      const etude::detail::mapped_file f(file_);
       const auto bytes = detail::mapped_bytes(f);
       if (bytes.empty() || bytes.back() == '\n') return;
       const std::size_t nl = bytes.rfind('\n');
@@ -329,12 +329,12 @@ class metrics_log {
       detail::write_all(fd_.get(), "\n", file_);
     } else if (::ftruncate(fd_.get(), static_cast<::off_t>(keep)) != 0) {
       throw data_error(file_.string() + ": cannot cut off the torn last line of the metrics log: " +
-                       data::detail::errno_text(errno));
+                       etude::detail::errno_text(errno));
     }
   }
 
   std::filesystem::path file_;
-  data::detail::unique_fd fd_;
+  etude::detail::unique_fd fd_;
   std::string repaired_tail_;
   metrics_truncation truncation_;
 };

@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "etude/core/error.hpp"
-#include "etude/data/detail/posix_file.hpp"
+#include "etude/core/detail/posix_file.hpp"
 #include "etude/data/error.hpp"
-#include "etude/track/crc32c.hpp"
+#include "etude/core/detail/crc32c.hpp"
 
 namespace etude::track {
 
@@ -87,9 +87,9 @@ inline void append_record(std::string& out, std::string_view data) {
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(static_cast<unsigned char>(std::uint64_t{data.size()} >> (8 * i)));
   out.append(len, 8);
-  put_le32(out, masked_crc32c(crc32c(len, 8)));
+  put_le32(out, etude::detail::masked_crc32c(etude::detail::crc32c(len, 8)));
   out.append(data);
-  put_le32(out, masked_crc32c(crc32c(data.data(), data.size())));
+  put_le32(out, etude::detail::masked_crc32c(etude::detail::crc32c(data.data(), data.size())));
 }
 
 inline std::string file_version_event(double wall_time) {
@@ -172,7 +172,7 @@ struct event {
 // mismatch, a truncated record or a malformed message raises data_error naming the file, the
 // record and its byte offset.
 inline std::vector<event> read_events(const std::filesystem::path& file) {
-  data::detail::mapped_file f(file);
+  etude::detail::mapped_file f(file);
   const auto* b = f.data();
   const std::uint64_t size = f.size();
   auto le = [&](std::uint64_t at, int bytes) {
@@ -185,12 +185,12 @@ inline std::vector<event> read_events(const std::filesystem::path& file) {
     const std::string where = file.string() + ": record " + std::to_string(out.size()) + " at byte " + std::to_string(at);
     if (size - at < 12) throw data_error(where + ": truncated record header; the writer was probably interrupted");
     const std::uint64_t len = le(at, 8);
-    if (static_cast<std::uint32_t>(le(at + 8, 4)) != masked_crc32c(crc32c(b + at, 8)))
+    if (static_cast<std::uint32_t>(le(at + 8, 4)) != etude::detail::masked_crc32c(etude::detail::crc32c(b + at, 8)))
       throw data_error(where + ": length CRC mismatch; the file is corrupt");
     if (len > size - at - 12 || size - at - 12 - len < 4)
       throw data_error(where + ": truncated record (length " + std::to_string(len) + " runs past the end of the file)");
     const auto* d = b + at + 12;
-    if (static_cast<std::uint32_t>(le(at + 12 + len, 4)) != masked_crc32c(crc32c(d, static_cast<std::size_t>(len))))
+    if (static_cast<std::uint32_t>(le(at + 12 + len, 4)) != etude::detail::masked_crc32c(etude::detail::crc32c(d, static_cast<std::size_t>(len))))
       throw data_error(where + ": data CRC mismatch; the file is corrupt");
     at += 16 + len;
 
@@ -321,7 +321,7 @@ class tensorboard_writer {
       if (w <= 0) {
         const int e = w < 0 ? errno : ENOSPC;
         buffer_.erase(0, static_cast<std::size_t>(p - buffer_.data()));
-        throw data_error(file_.string() + ": cannot write TensorBoard events: " + data::detail::errno_text(e) +
+        throw data_error(file_.string() + ": cannot write TensorBoard events: " + etude::detail::errno_text(e) +
                          "; check free disk space");
       }
       p += w;
@@ -358,12 +358,12 @@ class tensorboard_writer {
       file_ = dir_ / (attempt == 0 ? base : base + "." + std::to_string(attempt));
       const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
       if (fd >= 0) {
-        fd_ = data::detail::unique_fd(fd);
+        fd_ = etude::detail::unique_fd(fd);
         return;
       }
       const int e = errno;
       if (e == EEXIST && attempt < 1000) continue;
-      throw data_error(file_.string() + ": cannot create the TensorBoard event file: " + data::detail::errno_text(e) +
+      throw data_error(file_.string() + ": cannot create the TensorBoard event file: " + etude::detail::errno_text(e) +
                        "; check that the run directory is writable");
     }
   }
@@ -390,7 +390,7 @@ class tensorboard_writer {
   wall_clock clock_;
   std::size_t flush_bytes_ = 0;
   std::string buffer_;
-  data::detail::unique_fd fd_;
+  etude::detail::unique_fd fd_;
 };
 
 }  // namespace etude::track

@@ -20,7 +20,7 @@
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/pattern_plan.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 
 namespace etude {
 

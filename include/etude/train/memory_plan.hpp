@@ -120,7 +120,7 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   using model = typename Config::model;
   using policy = typename Config::precision;
   constexpr shape S = model::shape;
-  constexpr index_t P = model::params::total_floats;
+  constexpr index_t P = model::params::total_elements;
   constexpr int K = S.codebooks;
   constexpr auto size = [](auto t) { return static_cast<index_t>(sizeof(t)); };
   const index_t steps = model::pattern::steps(K, frames);

@@ -22,9 +22,11 @@
 #include <vector>
 
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/config/optim.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/step_control.hpp"
 
 namespace etude::backend {
 
@@ -377,6 +379,14 @@ struct cpu {
     return total;
   }
 
+  // The step's form: *loss += the summed cross-entropy, the weight read from *weight (memory the
+  // step's scalars live in, so one step body serves every backend).
+  template <class L, class W>
+  static void softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, const W* weight,
+                           double* loss) {
+    *loss += softmax_xent(logits, target, rows, card, static_cast<double>(*weight));
+  }
+
   // ---- optimiser and norms -----------------------------------------------------------------------
   // Sum of squares in double over fixed 4096-element blocks, added in block order.
   template <class T>
@@ -400,6 +410,12 @@ struct cpu {
     return total;
   }
 
+  // The step's form: *out = sum_squares(x, n).
+  template <class T>
+  static void sum_squares(const T* x, index_t n, double* out) {
+    *out = sum_squares(x, n);
+  }
+
   // Any NaN or infinity in x?
   template <class T>
   static bool all_finite(const T* x, index_t n) {
@@ -409,21 +425,20 @@ struct cpu {
     return bad == 0;
   }
 
-  // AdamW (PyTorch's formulation) on g = grad·grad_scale at update number `step` (from 1):
+  // AdamW (PyTorch's formulation) on g = grad·grad_scale at update number t (from 1):
   // p ← p(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2 v + (1−β2) g²;
-  // p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps). Scalars are formed in double.
-  // grad_scale folds the clip coefficient and the loss scale's inverse into one factor. With a
-  // working copy (mixed precision), the updated master weight is also written there, rounded.
+  // p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps). The scalars (optim::adamw::scalars)
+  // are formed in double on the host and rounded to the compute type here, once. *grad_scale folds
+  // the clip coefficient and the loss scale's inverse into one factor; nothing changes when *skip.
+  // With a working copy (mixed precision), the updated master weight is also written there, rounded.
   template <class M, class G, class S, class P = M>
-  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, double lr, double beta1, double beta2,
-                           double eps, double weight_decay, long step, double grad_scale, P* working = nullptr) {
+  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* sc,
+                           const double* grad_scale, const int* skip, P* working = nullptr) {
+    if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
-    const double t = static_cast<double>(step);
-    const auto step_size = static_cast<F>(lr / (1.0 - std::pow(beta1, t)));
-    const auto bc2_sqrt = static_cast<F>(std::sqrt(1.0 - std::pow(beta2, t)));
-    const auto decay = static_cast<F>(1.0 - lr * weight_decay);
-    const auto w1 = static_cast<F>(1.0 - beta1), b2 = static_cast<F>(beta2), w2 = static_cast<F>(1.0 - beta2),
-               e = static_cast<F>(eps), gs = static_cast<F>(grad_scale);
+    const auto step_size = static_cast<F>(sc->step_size), bc2_sqrt = static_cast<F>(sc->bc2_sqrt),
+               decay = static_cast<F>(sc->decay), w1 = static_cast<F>(sc->w1), b2 = static_cast<F>(sc->b2),
+               w2 = static_cast<F>(sc->w2), e = static_cast<F>(sc->eps), gs = static_cast<F>(*grad_scale);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
       const F g = cpu_detail::cv<F>(grad[i]) * gs;
@@ -443,13 +458,15 @@ struct cpu {
   }
 
   // SGD with momentum (PyTorch's): g ← g·grad_scale + wd·p; buf ← μ buf + g (buf ← g on the
-  // first update); p ← p − lr·(nesterov ? g + μ buf : buf).
+  // first update); p ← p − lr·(nesterov ? g + μ buf : buf). Scalars and flags as adamw_update.
   template <class M, class G, class S, class P = M>
-  static void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double momentum, double weight_decay,
-                         bool nesterov, bool first_step, double grad_scale, P* working = nullptr) {
+  static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* sc,
+                         const double* grad_scale, const int* skip, P* working = nullptr) {
+    if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
-    const auto l = static_cast<F>(lr), mu = static_cast<F>(momentum), wd = static_cast<F>(weight_decay),
-               gs = static_cast<F>(grad_scale);
+    const auto l = static_cast<F>(sc->lr), mu = static_cast<F>(sc->momentum), wd = static_cast<F>(sc->weight_decay),
+               gs = static_cast<F>(*grad_scale);
+    const bool nesterov = sc->nesterov != 0, first_step = sc->first != 0;
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
       const F pi = cpu_detail::cv<F>(p[i]);
@@ -461,6 +478,15 @@ struct cpu {
       if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(next);
       else if (working != nullptr) working[i] = p[i];
     }
+  }
+
+  // ---- step control (ops/step_control.hpp) -----------------------------------------------------------
+  static void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
+    decide_step(*in, losses, n, *out);
+  }
+  template <class T>
+  static void clear_unless(T* x, index_t n, const int* keep) {
+    if (*keep == 0) fill_zero(x, n);
   }
 
  private:

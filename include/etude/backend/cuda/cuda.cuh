@@ -10,15 +10,17 @@
 //   - attention_scratch() is 0: the kernels need no scratch beyond the context's;
 //   - gemm_gelu is a product followed by an exact-erf GELU pass: cuBLASLt's GELU epilogue is the
 //     tanh approximation, which the model (AudioCraft: exact erf) cannot use;
-//   - clip_scale, adamw_update's device_scale, residual_layernorm_fwd, attention_bwd_with_output
-//     and the *_async reductions extend the op set for a step without host synchronisation;
+//   - residual_layernorm_fwd, attention_bwd_with_output and the *_async reductions extend the op
+//     set for a step without host synchronisation;
 //   - gemm takes operands of one storage type (C: that type or float) and ignores the workspace
 //     argument (cuBLASLt's workspace belongs to the context).
 // Names: the op set is the struct etude::backend::cuda; the machinery under it (context, scope,
 // buffers, the tuning trait, the free-function ops) lives in namespace etude::cuda, which a struct
 // of the same name could not share; the struct re-exports what a user names.
-// Not for: the training step itself (graph capture, arena, data prefetch), which builds on this.
+// Not for: running the training step (graph capture, arena, input slots: backend/cuda/executor.hpp).
 #pragma once
+
+#include <type_traits>
 
 #include "etude/backend/cuda/attention.cuh"
 #include "etude/backend/cuda/context.cuh"
@@ -29,6 +31,7 @@
 #include "etude/backend/cuda/optim.cuh"
 #include "etude/backend/cuda/reduce.cuh"
 #include "etude/backend/cuda/softmax_xent.cuh"
+#include "etude/backend/cuda/step_control.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
 
@@ -36,6 +39,30 @@ namespace etude::backend {
 
 struct cuda {
   static constexpr const char* name = "cuda";
+
+  // What a training configuration must satisfy to run here; etude::trainer asks at compile time.
+  template <class Config>
+  static constexpr bool accepts() {
+    using policy = typename Config::precision;
+    constexpr auto S = Config::model::shape;
+    static_assert(std::is_same_v<typename policy::compute_t, float>,
+                  "backend::cuda computes in float; use the fp32, bf16 or fp16 policy (precision::fp64 is the "
+                  "CPU's gradient-check oracle)");
+    static_assert(std::is_same_v<typename policy::param_t, typename policy::activation_t>,
+                  "backend::cuda: cuBLASLt products take both operands in one storage type, so param_t and "
+                  "activation_t must be the same (as in precision::fp32, bf16 and fp16)");
+    static_assert(std::is_same_v<typename policy::grad_t, float> ||
+                      std::is_same_v<typename policy::grad_t, typename policy::activation_t>,
+                  "backend::cuda: weight gradients accumulate in float or in the activation type");
+    static_assert(S.head_dim() == 64 || S.head_dim() == 128,
+                  "backend::cuda: the attention kernels support head dimensions 64 and 128 (shape.dim / "
+                  "shape.heads); change heads");
+    static_assert(S.dim % 8 == 0, "backend::cuda: shape.dim must be a multiple of 8 (16-byte rows)");
+    static_assert(sizeof(typename policy::activation_t) == 4 || (S.card % 8 == 0 && S.ffn() % 8 == 0),
+                  "backend::cuda: with 16-bit activations shape.card must be a multiple of 8 (the logits' rows "
+                  "must be 16-byte aligned for the tensor-core products)");
+    return true;
+  }
 
   using context = ::etude::cuda::context;
   using scope = ::etude::cuda::scope;
@@ -151,6 +178,12 @@ struct cuda {
   static double softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, double weight) {
     return ::etude::cuda::softmax_xent(logits, target, rows, card, static_cast<float>(weight));
   }
+  // The step's form: weight and *loss in device memory (ops/step_control.hpp's scalars and results).
+  template <class L>
+  static void softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, const float* weight,
+                           double* loss) {
+    ::etude::cuda::softmax_xent_weighted_async(logits, target, rows, card, weight, loss);
+  }
   template <class L>
   static void softmax_xent_async(L* logits, const token_t* target, index_t rows, index_t card, double weight,
                                  double* loss) {
@@ -161,6 +194,10 @@ struct cuda {
   template <class T>
   static double sum_squares(const T* x, index_t n) {
     return ::etude::cuda::sum_squares(x, n);
+  }
+  template <class T>
+  static void sum_squares(const T* x, index_t n, double* out) {
+    ::etude::cuda::sum_squares_async(x, n, out);
   }
   template <class T>
   static void sum_squares_async(const T* x, index_t n, double* out) {
@@ -188,8 +225,25 @@ struct cuda {
                          bool nesterov, bool first_step, double grad_scale, P* working = nullptr) {
     ::etude::cuda::sgd_update(p, grad, buf, n, lr, momentum, weight_decay, nesterov, first_step, grad_scale, working);
   }
-  static void clip_scale(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
-    ::etude::cuda::clip_scale(sum_squares, max_norm, inv_loss_scale, scale);
+  // The step's forms: scalars, gradient factor and skip flag in device memory.
+  template <class M, class G, class S, class P = M>
+  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
+                           const double* grad_scale, const int* skip, P* working) {
+    ::etude::cuda::adamw_update_device(p, grad, m, v, n, scalars, grad_scale, skip, working);
+  }
+  template <class M, class G, class S, class P = M>
+  static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
+                         const double* grad_scale, const int* skip, P* working) {
+    ::etude::cuda::sgd_update_device(p, grad, buf, n, scalars, grad_scale, skip, working);
+  }
+
+  // ---- step control (ops/step_control.hpp) ----------------------------------------------------------------
+  static void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
+    ::etude::cuda::step_control(in, losses, n, out);
+  }
+  template <class T>
+  static void clear_unless(T* x, index_t n, const int* keep) {
+    ::etude::cuda::clear_unless(x, n, keep);
   }
 };
 

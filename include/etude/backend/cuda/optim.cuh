@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "etude/backend/cuda/context.cuh"
+#include "etude/config/optim.hpp"
 #include "etude/backend/cuda/detail/common.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
@@ -63,14 +64,18 @@ __global__ void adamw_kernel(M* p, const G* grad, S* m, S* v, P* working, index_
   grid_stride<Unroll>(n, [&](index_t i) { adamw_element(i, p, grad, m, v, working, c, scale); });
 }
 
-// Every per-step value read from device memory: the scalars, the gradient factor, and a flag that
-// skips the whole update (a step whose loss or gradients were not finite).
+// Every per-step value read from device memory: the optimiser's scalars (formed in double on the
+// host, rounded to float here once, as the CPU rounds them), the gradient factor (clip coefficient
+// / loss scale, from step_control) and a flag that skips the whole update.
 template <class M, class G, class S, class P, int Unroll>
-__global__ void adamw_device_kernel(M* p, const G* grad, S* m, S* v, P* working, index_t n, const adamw_scalars* cp,
-                                    const float* grad_scale, const int* skip) {
+__global__ void adamw_device_kernel(M* p, const G* grad, S* m, S* v, P* working, index_t n,
+                                    const optim::adamw::scalars* cp, const double* grad_scale, const int* skip) {
   if (*skip != 0) return;
-  const adamw_scalars c = *cp;
-  const float scale = c.grad_scale * *grad_scale;
+  const optim::adamw::scalars d = *cp;
+  const adamw_scalars c{static_cast<float>(d.step_size), static_cast<float>(d.bc2_sqrt), static_cast<float>(d.decay),
+                        static_cast<float>(d.w1),        static_cast<float>(d.b2),       static_cast<float>(d.w2),
+                        static_cast<float>(d.eps),       1.0f};
+  const float scale = static_cast<float>(*grad_scale);
   grid_stride<Unroll>(n, [&](index_t i) { adamw_element(i, p, grad, m, v, working, c, scale); });
 }
 
@@ -95,21 +100,15 @@ __global__ void sgd_kernel(M* p, const G* grad, S* buf, P* working, index_t n, f
 }
 
 template <class M, class G, class S, class P, int Unroll>
-__global__ void sgd_device_kernel(M* p, const G* grad, S* buf, P* working, index_t n, const sgd_scalars* cp,
-                                  const float* grad_scale, const int* skip) {
+__global__ void sgd_device_kernel(M* p, const G* grad, S* buf, P* working, index_t n, const optim::sgd_scalars* cp,
+                                  const double* grad_scale, const int* skip) {
   if (*skip != 0) return;
-  const sgd_scalars c = *cp;
-  const float scale = c.grad_scale * *grad_scale;
+  const optim::sgd_scalars c = *cp;
+  const float scale = static_cast<float>(*grad_scale);
+  const float lr = static_cast<float>(c.lr), mu = static_cast<float>(c.momentum), wd = static_cast<float>(c.weight_decay);
   grid_stride<Unroll>(n, [&](index_t i) {
-    sgd_element(i, p, grad, buf, working, c.lr, c.momentum, c.weight_decay, c.nesterov != 0, c.first != 0, scale);
+    sgd_element(i, p, grad, buf, working, lr, mu, wd, c.nesterov != 0, c.first != 0, scale);
   });
-}
-
-template <int Unused = 0>
-__global__ void clip_scale_kernel(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
-  const double norm = sqrt(*sum_squares) * inv_loss_scale;
-  const double clip = max_norm / (norm + 1e-6);
-  *scale = static_cast<float>(inv_loss_scale * (clip < 1.0 ? clip : 1.0));
 }
 
 // The CPU backend's scalars, formed in double and rounded to float once.
@@ -153,38 +152,14 @@ void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double moment
   ETUDE_CUDA_CHECK_LAUNCH("sgd_kernel");
 }
 
-// *scale = inv_loss_scale · min(1, max_norm / (norm + 1e-6)), norm = sqrt(*sum_squares)·inv_loss_scale:
-// the factor adamw_update's device_scale applies, computed without leaving the device.
-inline void clip_scale(const double* sum_squares, float max_norm, float inv_loss_scale, float* scale) {
-  detail::clip_scale_kernel<<<1, 1, 0, current().stream()>>>(sum_squares, max_norm, inv_loss_scale, scale);
-  ETUDE_CUDA_CHECK_LAUNCH("clip_scale_kernel");
-}
-
-// ---- device-scalar forms: a step captured once as a CUDA graph and replayed ----------------------
-// The per-step values (learning rate, bias corrections, step number) live in device memory that
-// the step refreshes before the update, and the update reads them when it runs; the gradient
-// factor (clip coefficient / loss scale) and a skip flag are computed on the device by the step.
-// The scalars are formed on the host exactly as adamw_update and sgd_update form them, so both
-// forms take bit-identical steps.
-using adamw_scalars = detail::adamw_scalars;
-using sgd_scalars = detail::sgd_scalars;
-
-// AdamW's scalars for update `step` (from 1); grad_scale multiplies the device factor.
-inline adamw_scalars make_adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                        long step, double grad_scale = 1.0) {
-  return detail::make_adamw_scalars(lr, beta1, beta2, eps, weight_decay, step, static_cast<float>(grad_scale));
-}
-inline sgd_scalars make_sgd_scalars(double lr, double momentum, double weight_decay, bool nesterov, bool first_step,
-                                    double grad_scale = 1.0) {
-  return {static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay),
-          static_cast<float>(grad_scale), nesterov ? 1 : 0, first_step ? 1 : 0};
-}
-
-// adamw_update with *scalars, g = grad · scalars->grad_scale · *grad_scale, and nothing changed
-// when *skip ≠ 0. All three pointers are device memory read when the kernel runs.
+// ---- the step's forms: a step captured once as a CUDA graph and replayed --------------------------
+// The optimiser's scalars live in device memory that the step refreshes before the update
+// (config/optim.hpp forms them on the host, in double); the gradient factor and the skip flag are
+// written on the device by step_control. All three pointers are device memory read when the
+// kernel runs, so both backends take bit-identical steps from the same scalars.
 template <class M, class G, class S, class P = M>
-void adamw_update_device(M* p, const G* grad, S* m, S* v, index_t n, const adamw_scalars* scalars,
-                         const float* grad_scale, const int* skip, P* working = nullptr) {
+void adamw_update_device(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
+                         const double* grad_scale, const int* skip, P* working = nullptr) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, M>;
   detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
@@ -193,10 +168,9 @@ void adamw_update_device(M* p, const G* grad, S* m, S* v, index_t n, const adamw
   ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
 }
 
-// sgd_update likewise.
 template <class M, class G, class S, class P = M>
-void sgd_update_device(M* p, const G* grad, S* buf, index_t n, const sgd_scalars* scalars, const float* grad_scale,
-                       const int* skip, P* working = nullptr) {
+void sgd_update_device(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
+                       const double* grad_scale, const int* skip, P* working = nullptr) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, M>;
   detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>

@@ -15,7 +15,7 @@
 #include "etude/core/error.hpp"
 #include "etude/core/rng.hpp"
 #include "etude/model/params.hpp"
-#include "etude/train/batch.hpp"
+#include "etude/core/batch.hpp"
 #include "etude/train/stats.hpp"
 
 namespace etude::detail {
@@ -39,11 +39,7 @@ void validate_hyper(const hyper& h) {
     if (!(h.scale_backoff > 0.0 && h.scale_backoff < 1.0)) fail("scale_backoff must be in (0, 1)");
     if (h.scale_interval < 1) fail("scale_interval must be >= 1");
   }
-  using sched = typename Config::schedule;
-  if constexpr (std::is_same_v<sched, schedule::cosine> || std::is_same_v<sched, schedule::linear>)
-    if (h.total_steps <= h.warmup_steps)
-      fail("total_steps (" + std::to_string(h.total_steps) + ") must exceed warmup_steps (" +
-           std::to_string(h.warmup_steps) + ") for the " + sched::name + " schedule");
+  Config::schedule::validate(h);
 }
 
 // AudioCraft's initialisation (model/params.hpp: init kind and scale per tensor), one rng stream

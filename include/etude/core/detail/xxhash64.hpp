@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string_view>
 
-namespace etude::data::detail {
+namespace etude::detail {
 
 class xxhash64 {
  public:
@@ -120,4 +120,4 @@ inline std::string_view hex64(std::uint64_t v, char (&out)[17]) noexcept {
   return {out, 16};
 }
 
-}  // namespace etude::data::detail
+}  // namespace etude::detail

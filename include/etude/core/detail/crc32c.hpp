@@ -3,7 +3,7 @@
 // compile time; where the compiler targets SSE4.2 (__SSE4_2__) the x86 `crc32` instruction does
 // the work instead, with the same result. Usable in constant expressions through the
 // std::string_view overload.
-// Not for: integrity of large data files (the token shards use XXH64, data/detail/xxhash64.hpp).
+// Not for: integrity of large data files (the token shards use XXH64, core/detail/xxhash64.hpp).
 #pragma once
 
 #include <array>
@@ -20,9 +20,9 @@
 #define ETUDE_CRC32C_SSE42 0
 #endif
 
-namespace etude::track {
+namespace etude::detail {
 
-namespace detail {
+namespace crc32c_impl {
 
 inline constexpr std::uint32_t crc32c_poly = 0x82F63B78u;
 
@@ -85,7 +85,7 @@ inline std::uint32_t crc32c_update_sse42(std::uint32_t c, const unsigned char* p
 }
 #endif
 
-}  // namespace detail
+}  // namespace crc32c_impl
 
 // True when crc32c() uses the SSE4.2 instruction (the compiler targets SSE4.2 on x86-64).
 inline constexpr bool crc32c_uses_sse42 = ETUDE_CRC32C_SSE42 != 0;
@@ -93,13 +93,13 @@ inline constexpr bool crc32c_uses_sse42 = ETUDE_CRC32C_SSE42 != 0;
 // The CRC-32C of `crc`'s bytes followed by these n bytes: crc32c_extend(crc32c(a), b) ==
 // crc32c(a + b), and crc32c_extend(0, ...) is the CRC of the bytes alone. Always the table path.
 inline std::uint32_t crc32c_extend_table(std::uint32_t crc, const void* data, std::size_t n) noexcept {
-  return ~detail::crc32c_update_table(~crc, static_cast<const unsigned char*>(data), n);
+  return ~crc32c_impl::crc32c_update_table(~crc, static_cast<const unsigned char*>(data), n);
 }
 
 // As crc32c_extend_table, through the SSE4.2 instruction when available.
 inline std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::size_t n) noexcept {
 #if ETUDE_CRC32C_SSE42
-  return ~detail::crc32c_update_sse42(~crc, static_cast<const unsigned char*>(data), n);
+  return ~crc32c_impl::crc32c_update_sse42(~crc, static_cast<const unsigned char*>(data), n);
 #else
   return crc32c_extend_table(crc, data, n);
 #endif
@@ -108,7 +108,7 @@ inline std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::siz
 inline std::uint32_t crc32c(const void* data, std::size_t n) noexcept { return crc32c_extend(0, data, n); }
 
 constexpr std::uint32_t crc32c(std::string_view bytes) noexcept {
-  if (std::is_constant_evaluated()) return ~detail::crc32c_update_table(~0u, bytes.data(), bytes.size());
+  if (std::is_constant_evaluated()) return ~crc32c_impl::crc32c_update_table(~0u, bytes.data(), bytes.size());
   return crc32c_extend(0, bytes.data(), bytes.size());
 }
 
@@ -122,6 +122,6 @@ constexpr std::uint32_t unmask_crc32c(std::uint32_t masked) noexcept {
   return (rot >> 17) | (rot << 15);
 }
 
-}  // namespace etude::track
+}  // namespace etude::detail
 
 #undef ETUDE_CRC32C_SSE42

@@ -1,7 +1,7 @@
-// Thin POSIX wrappers the data side needs and the standard library lacks: a read-only memory
+// Thin POSIX wrappers the data, io and track sides need and the standard library lacks: a read-only memory
 // mapping, and a file written beside its target and renamed into place only once it is complete
 // and on disk (write, fsync, rename, fsync the directory), so a crash never leaves a half-written
-// shard or manifest under the real name. Every failure is a data_error naming the path and errno.
+// shard or manifest under the real name. Every failure is a file_error naming the path and errno.
 // Not for: general file I/O; Windows.
 #pragma once
 
@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "etude/data/error.hpp"
+#include "etude/core/error.hpp"
 
-namespace etude::data::detail {
+namespace etude::detail {
 
 inline std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
@@ -62,18 +62,18 @@ class mapped_file {
     unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) {
       const int e = errno;
-      throw data_error(path.string() + ": cannot open for reading: " + errno_text(e) +
+      throw file_error(path.string() + ": cannot open for reading: " + errno_text(e) +
                        (e == ENOENT ? "; check the path, or that the manifest lists the right shard files" : ""));
     }
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0)
-      throw data_error(path.string() + ": cannot stat: " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) throw data_error(path.string() + ": not a regular file");
+      throw file_error(path.string() + ": cannot stat: " + errno_text(errno));
+    if (!S_ISREG(st.st_mode)) throw file_error(path.string() + ": not a regular file");
     size_ = static_cast<std::uint64_t>(st.st_size);
     if (size_ == 0) return;  // mmap of length 0 fails; an empty file simply has no bytes
     void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED)
-      throw data_error(path.string() + ": cannot map " + std::to_string(size_) + " bytes: " + errno_text(errno));
+      throw file_error(path.string() + ": cannot map " + std::to_string(size_) + " bytes: " + errno_text(errno));
     data_ = static_cast<const unsigned char*>(p);
   }
   mapped_file(mapped_file&& o) noexcept
@@ -128,7 +128,7 @@ class atomic_file {
     name.push_back('\0');
     const int fd = ::mkstemp(name.data());
     if (fd < 0)
-      throw data_error(target_.string() + ": cannot create a temporary file in " + dir.string() + ": " +
+      throw file_error(target_.string() + ": cannot create a temporary file in " + dir.string() + ": " +
                        errno_text(errno) + "; check that the output directory exists and is writable");
     fd_ = unique_fd(fd);
     temp_ = name.data();
@@ -147,7 +147,7 @@ class atomic_file {
     while (n > 0) {
       const ::ssize_t w = ::write(fd_.get(), p, n);
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw data_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
+      if (w <= 0) throw file_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
       p += w;
       n -= static_cast<std::size_t>(w);
     }
@@ -157,7 +157,7 @@ class atomic_file {
     while (n > 0) {
       const ::ssize_t w = ::pwrite(fd_.get(), p, n, static_cast<::off_t>(offset));
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw data_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
+      if (w <= 0) throw file_error(target_.string() + ": write failed: " + errno_text(errno) + "; check free disk space");
       p += w;
       n -= static_cast<std::size_t>(w);
       offset += static_cast<std::uint64_t>(w);
@@ -166,11 +166,11 @@ class atomic_file {
 
   void commit() {
     if (::fchmod(fd_.get(), 0644) != 0)  // mkstemp creates 0600; shards are meant to be shared
-      throw data_error(target_.string() + ": chmod failed: " + errno_text(errno));
-    if (::fsync(fd_.get()) != 0) throw data_error(target_.string() + ": fsync failed: " + errno_text(errno));
+      throw file_error(target_.string() + ": chmod failed: " + errno_text(errno));
+    if (::fsync(fd_.get()) != 0) throw file_error(target_.string() + ": fsync failed: " + errno_text(errno));
     fd_.reset();
     if (::rename(temp_.c_str(), target_.c_str()) != 0)
-      throw data_error(target_.string() + ": cannot rename the finished temporary into place: " + errno_text(errno));
+      throw file_error(target_.string() + ": cannot rename the finished temporary into place: " + errno_text(errno));
     committed_ = true;
     // The rename is durable only once the directory entry is.
     const auto dir = target_.has_parent_path() ? target_.parent_path() : std::filesystem::path(".");
@@ -187,4 +187,4 @@ class atomic_file {
   bool committed_ = false;
 };
 
-}  // namespace etude::data::detail
+}  // namespace etude::detail

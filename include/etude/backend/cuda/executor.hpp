@@ -1,0 +1,413 @@
+// The CUDA step executor (ops/step_executor.hpp): one device, its context (stream, cuBLASLt,
+// scratch), and everything that makes etude::trainer's one step body a device step:
+//   - the training state in device buffers, with host mirrors kept by the trainer;
+//   - the per-step scalars in a pinned struct the host writes between steps; the step's first
+//     operation copies it to the device and every op reads its values there, so one captured graph
+//     serves every step of its batch shape; results (losses, norm, decision) come back by one copy
+//     at the step's end;
+//   - two input slots: a batch is laid out on the host into a slot's pinned memory and copied to
+//     the device on a copy stream, overlapping the step that runs (prefetch);
+//   - the graph cache: after one eager warm-up step of a shape (cuBLASLt plans built, scratch
+//     grown), the same body is captured once per (microbatch, steps, input slot) and replayed.
+// Host code only (the CUDA runtime API): a .cpp compiled by g++ includes it to drive a trainer
+// that a .cu instantiated (train/trainer.hpp says how). Not for: ops (backend/cuda/cuda.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "etude/backend/cuda/context.cuh"
+#include "etude/core/batch.hpp"
+#include "etude/core/error.hpp"
+#include "etude/ops/step_executor.hpp"
+
+namespace etude::backend {
+struct cuda;
+}
+
+namespace etude::cuda::detail {
+
+// Owning handles for a stream, an event and an executable graph.
+class stream_handle {
+ public:
+  stream_handle() = default;
+  explicit stream_handle(unsigned flags) { ETUDE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, flags)); }
+  stream_handle(stream_handle&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  stream_handle& operator=(stream_handle&& o) noexcept {
+    std::swap(s_, o.s_);
+    return *this;
+  }
+  ~stream_handle() {
+    if (s_ != nullptr) cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class event_handle {
+ public:
+  event_handle() = default;
+  static event_handle make() {
+    event_handle h;
+    ETUDE_CUDA_CHECK(cudaEventCreateWithFlags(&h.e_, cudaEventDisableTiming));
+    return h;
+  }
+  event_handle(event_handle&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  event_handle& operator=(event_handle&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~event_handle() {
+    if (e_ != nullptr) cudaEventDestroy(e_);
+  }
+  cudaEvent_t get() const noexcept { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class graph_exec {
+ public:
+  graph_exec() = default;
+  explicit graph_exec(cudaGraphExec_t g) : g_(g) {}
+  graph_exec(graph_exec&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+  graph_exec& operator=(graph_exec&& o) noexcept {
+    std::swap(g_, o.g_);
+    return *this;
+  }
+  ~graph_exec() {
+    if (g_ != nullptr) cudaGraphExecDestroy(g_);
+  }
+  cudaGraphExec_t get() const noexcept { return g_; }
+
+ private:
+  cudaGraphExec_t g_ = nullptr;
+};
+
+// The context of a device, with a clear error when there is none.
+inline int checked_device(int device) {
+  const int n = device_count();
+  if (n == 0)
+    throw error("etude::backend::cuda: no CUDA device is visible (cudaGetDeviceCount found none); run on a machine "
+                "with an NVIDIA GPU and its driver, or use etude::backend::cpu");
+  if (device >= n)
+    throw invalid_argument("etude::backend::cuda: device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(n) + " visible)");
+  return device;
+}
+
+}  // namespace etude::cuda::detail
+
+namespace etude {
+
+template <>
+class step_executor<backend::cuda> {
+ public:
+  static constexpr bool host_resident = false;
+
+  // Device storage of the training state, zeroed.
+  template <class T>
+  class buffer : public cuda::device_buffer<T> {
+   public:
+    buffer() = default;
+    explicit buffer(index_t n) : cuda::device_buffer<T>(n) {
+      if (n > 0) ETUDE_CUDA_CHECK(cudaMemset(this->data(), 0, this->bytes()));
+    }
+  };
+
+  explicit step_executor(int device = -1) : ctx_(cuda::detail::checked_device(device)) {
+    cuda::scope sc(ctx_);
+    copy_stream_ = cuda::detail::stream_handle(cudaStreamNonBlocking);
+    for (input_slot& in : slots_) {
+      in.copied = cuda::detail::event_handle::make();
+      in.released = cuda::detail::event_handle::make();
+    }
+  }
+  step_executor(const step_executor&) = delete;
+  step_executor& operator=(const step_executor&) = delete;
+  ~step_executor() {
+    // queued copies and kernels still use the buffers freed after this; a destructor cannot throw
+    if (copy_stream_.get() != nullptr) cudaStreamSynchronize(copy_stream_.get());
+    if (ctx_.stream() != nullptr) cudaStreamSynchronize(ctx_.stream());
+  }
+
+  cuda::scope enter() { return cuda::scope(ctx_); }
+  cuda::context& context() { return ctx_; }
+
+  // Host ↔ device copies of the training state (between steps; they wait).
+  template <class T>
+  void download(T* host, const T* src, index_t n) {
+    cuda::scope sc(ctx_);
+    cuda::download(host, src, n);
+    ctx_.synchronize();
+  }
+  template <class T>
+  void upload(T* dst, const T* host, index_t n) {
+    cuda::scope sc(ctx_);
+    cuda::upload(dst, host, n);
+    ctx_.synchronize();
+  }
+
+  // The step arena: grown between steps, which invalidates every captured graph.
+  std::byte* workspace(index_t bytes) {
+    if (bytes > arena_.size()) {
+      invalidate();
+      arena_ = cuda::device_buffer<unsigned char>();
+      arena_ = cuda::device_buffer<unsigned char>(bytes);
+    }
+    return reinterpret_cast<std::byte*>(arena_.data());
+  }
+  index_t workspace_reserved() const { return static_cast<index_t>(arena_.bytes()); }
+  // A buffer a graph reads moved: forget every graph.
+  void invalidate() {
+    ctx_.synchronize();
+    graphs_.clear();
+  }
+
+  // The per-step scalars (pinned on the host, mirrored on the device) and results.
+  template <class Scalars, class Results>
+  class control {
+   public:
+    Scalars& host_scalars() { return *ensure().host_s.data(); }
+    const Scalars* scalars() { return ensure().dev_s.data(); }
+    Results* results() { return ensure().dev_r.data(); }
+    const Results& host_results() { return *ensure().host_r.data(); }
+    // The body's first operation: the scalars to the device, the results cleared; its last: the
+    // results to the host (read after the executor waited for the step).
+    void begin() {
+      auto& m = ensure();
+      cudaStream_t s = cuda::current().stream();
+      ETUDE_CUDA_CHECK(cudaMemcpyAsync(m.dev_s.data(), m.host_s.data(), sizeof(Scalars), cudaMemcpyHostToDevice, s));
+      ETUDE_CUDA_CHECK(cudaMemsetAsync(m.dev_r.data(), 0, sizeof(Results), s));
+    }
+    void end() {
+      auto& m = ensure();
+      ETUDE_CUDA_CHECK(cudaMemcpyAsync(m.host_r.data(), m.dev_r.data(), sizeof(Results), cudaMemcpyDeviceToHost,
+                                       cuda::current().stream()));
+    }
+    static constexpr index_t bytes = static_cast<index_t>(sizeof(Scalars) + sizeof(Results));
+
+   private:
+    struct memory {
+      cuda::pinned_buffer<Scalars> host_s;
+      cuda::pinned_buffer<Results> host_r;
+      cuda::device_buffer<Scalars> dev_s;
+      cuda::device_buffer<Results> dev_r;
+    };
+    // allocated on first use, inside the trainer's scope on its device
+    memory& ensure() {
+      if (m_.host_s.size() == 0) {
+        m_.host_s = cuda::pinned_buffer<Scalars>(1);
+        m_.host_r = cuda::pinned_buffer<Results>(1);
+        m_.dev_s = cuda::device_buffer<Scalars>(1);
+        m_.dev_r = cuda::device_buffer<Results>(1);
+        std::memset(static_cast<void*>(m_.host_s.data()), 0, sizeof(Scalars));
+        std::memset(static_cast<void*>(m_.host_r.data()), 0, sizeof(Results));
+      }
+      return m_;
+    }
+    memory m_;
+  };
+
+  // Lays a batch's `parts` regions out into a slot's pinned memory (fill(part, dst)) and starts
+  // their copy to the device on the copy stream. pending: staged ahead by a prefetch, for the next
+  // step with the same batch. Returns the slot.
+  template <class Fill>
+  int stage(const batch_view& batch, int parts, index_t part_bytes, Fill&& fill, bool pending) {
+    const int s = free_slot();
+    input_slot& in = slots_[static_cast<std::size_t>(s)];
+    const index_t bytes = parts * part_bytes;
+    // the previous copy from this slot's pinned memory must be done before the host rewrites it
+    ETUDE_CUDA_CHECK(cudaEventSynchronize(in.copied.get()));
+    if (in.host.size() < bytes) {
+      in.host = cuda::pinned_buffer<unsigned char>();
+      in.host = cuda::pinned_buffer<unsigned char>(bytes);
+    }
+    if (in.device.size() < bytes) {
+      ETUDE_CUDA_CHECK(cudaEventSynchronize(in.released.get()));
+      drop_graphs(s);  // they read the old device slot
+      in.device = cuda::device_buffer<unsigned char>();
+      in.device = cuda::device_buffer<unsigned char>(bytes);
+    }
+    for (int p = 0; p < parts; ++p) fill(p, reinterpret_cast<std::byte*>(in.host.data() + p * part_bytes));
+    in.valid = true;
+    in.pending = pending;
+    in.staged_at = ++staged_count_;
+    in.part_bytes = part_bytes;
+    in.bytes = bytes;
+    in.batch = batch.batch;
+    in.frames = batch.frames;
+    in.codebooks = batch.codebooks;
+    const auto n = static_cast<std::size_t>(batch.batch * batch.codebooks * batch.frames);
+    in.tokens.assign(batch.tokens, batch.tokens + n);
+    if (batch.mask != nullptr) in.mask.assign(batch.mask, batch.mask + n);
+    else in.mask.clear();
+    // ...and the last step reading the device slot must be done before the copy overwrites it
+    ETUDE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), in.released.get(), 0));
+    ETUDE_CUDA_CHECK(cudaMemcpyAsync(in.device.data(), in.host.data(), static_cast<std::size_t>(bytes),
+                                     cudaMemcpyHostToDevice, copy_stream_.get()));
+    ETUDE_CUDA_CHECK(cudaEventRecord(in.copied.get(), copy_stream_.get()));
+    return s;
+  }
+  // The slot a prefetch staged with exactly this batch (now taken), or −1.
+  int pending_slot(const batch_view& batch) {
+    for (std::size_t s = 0; s < slots_.size(); ++s)
+      if (slots_[s].pending && holds(slots_[s], batch)) {
+        slots_[s].pending = false;
+        return static_cast<int>(s);
+      }
+    return -1;
+  }
+  bool prefetches() const { return true; }
+  // Inside the body: part p of the slot into dst, on the compute stream.
+  void load(int slot, int part, std::byte* dst, index_t bytes) {
+    const input_slot& in = slots_[static_cast<std::size_t>(slot)];
+    ETUDE_CUDA_CHECK(cudaMemcpyAsync(dst, in.device.data() + part * in.part_bytes, static_cast<std::size_t>(bytes),
+                                     cudaMemcpyDeviceToDevice, ctx_.stream()));
+  }
+
+  // Runs the body on the compute stream, eagerly or as the captured graph of its shape, after the
+  // slot's input copy; then waits: the one synchronisation of a step.
+  template <class Body>
+  void run(int slot, index_t nb, index_t steps, bool replayable, Body&& body) {
+    input_slot& in = slots_[static_cast<std::size_t>(slot)];
+    cudaStream_t stream = ctx_.stream();
+    ETUDE_CUDA_CHECK(cudaStreamWaitEvent(stream, in.copied.get(), 0));
+    const auto shape_key = std::pair{nb, steps};
+    const bool warmed = std::find(warmed_.begin(), warmed_.end(), shape_key) != warmed_.end();
+    if (!replayable || !graphs_on_ || !warmed) {
+      body();
+      // an eager step of this shape has built its cuBLASLt plans and grown the context's scratch
+      if (replayable && !warmed) warmed_.push_back(shape_key);
+    } else {
+      ETUDE_CUDA_CHECK(cudaGraphLaunch(graph_for(slot, nb, steps, body), stream));
+    }
+    ETUDE_CUDA_CHECK(cudaEventRecord(in.released.get(), stream));
+    ctx_.synchronize();
+    last_staged_ = in.bytes;
+  }
+
+  // Graphs on (default) or eager launches of the same operations.
+  void use_graphs(bool on) { graphs_on_ = on; }
+  bool using_graphs() const { return graphs_on_; }
+  std::size_t cached_graphs() const { return graphs_.size(); }
+
+  // Device memory outside the trainer's buffers and the plan: input slots, the context's
+  // cuBLASLt workspace and op scratch (the control block is the trainer's: control::bytes).
+  index_t extra_bytes() const {
+    index_t b = static_cast<index_t>(ctx_.workspace_bytes() + ctx_.scratch_bytes());
+    for (const input_slot& in : slots_) b += static_cast<index_t>(in.device.size());
+    return b;
+  }
+  // The device input slot the last step read.
+  index_t staged_bytes() const { return last_staged_; }
+
+ private:
+  struct input_slot {
+    cuda::pinned_buffer<unsigned char> host;
+    cuda::device_buffer<unsigned char> device;
+    cuda::detail::event_handle copied;    // the host-to-device copy of the staged batch is done
+    cuda::detail::event_handle released;  // the last step that read `device` is done
+    bool valid = false;
+    bool pending = false;  // staged by a prefetch and not yet stepped
+    long staged_at = 0;
+    index_t part_bytes = 0, bytes = 0, batch = 0, frames = 0;
+    int codebooks = 0;
+    std::vector<token_t> tokens;
+    std::vector<unsigned char> mask;  // empty: the batch had none
+  };
+  struct cached_graph {
+    index_t nb = 0, steps = 0;
+    int slot = 0;
+    cuda::detail::graph_exec exec;
+    void* scratch = nullptr;  // the context's scratch when captured: a graph holds its address
+    long used = 0;
+  };
+  static constexpr std::size_t max_graphs = 8;
+
+  static bool holds(const input_slot& in, const batch_view& b) {
+    if (!in.valid || in.batch != b.batch || in.frames != b.frames || in.codebooks != b.codebooks ||
+        b.tokens == nullptr)
+      return false;
+    const auto n = static_cast<std::size_t>(b.batch * b.codebooks * b.frames);
+    if (std::memcmp(in.tokens.data(), b.tokens, n * sizeof(token_t)) != 0) return false;
+    if (b.mask == nullptr) return in.mask.empty();
+    return !in.mask.empty() && std::memcmp(in.mask.data(), b.mask, n) == 0;
+  }
+  int free_slot() const {
+    if (!slots_[0].pending) return 0;
+    if (!slots_[1].pending) return 1;
+    return slots_[0].staged_at <= slots_[1].staged_at ? 0 : 1;
+  }
+  void drop_graphs(int s) {
+    std::erase_if(graphs_, [s](const cached_graph& g) { return s < 0 || g.slot == s; });
+  }
+
+  template <class Body>
+  cudaGraphExec_t graph_for(int s, index_t nb, index_t steps, Body& body) {
+    void* scratch = ctx_.scratch(0);
+    ++graph_clock_;
+    for (cached_graph& g : graphs_)
+      if (g.nb == nb && g.steps == steps && g.slot == s) {
+        if (g.scratch == scratch) {
+          g.used = graph_clock_;
+          return g.exec.get();
+        }
+        drop_graphs(-1);  // the scratch moved (another shape's warm-up grew it): every graph is stale
+        break;
+      }
+    if (graphs_.size() >= max_graphs) {
+      auto oldest = std::min_element(graphs_.begin(), graphs_.end(),
+                                     [](const cached_graph& a, const cached_graph& b) { return a.used < b.used; });
+      graphs_.erase(oldest);
+    }
+    cudaStream_t stream = ctx_.stream();
+    cudaGraph_t graph = nullptr;
+    ETUDE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      body();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream, &broken);
+      if (broken != nullptr) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    ETUDE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    ETUDE_CUDA_CHECK(made);
+    cached_graph g;
+    g.nb = nb;
+    g.steps = steps;
+    g.slot = s;
+    g.exec = cuda::detail::graph_exec(exec);
+    g.scratch = ctx_.scratch(0);
+    g.used = graph_clock_;
+    graphs_.push_back(std::move(g));
+    return graphs_.back().exec.get();
+  }
+
+  mutable cuda::context ctx_;
+  cuda::detail::stream_handle copy_stream_;
+  cuda::device_buffer<unsigned char> arena_;
+  std::array<input_slot, 2> slots_;
+  long staged_count_ = 0;
+  index_t last_staged_ = 0;
+  bool graphs_on_ = true;
+  std::vector<std::pair<index_t, index_t>> warmed_;  // (nb, steps) shapes that had an eager step
+  std::vector<cached_graph> graphs_;
+  long graph_clock_ = 0;
+};
+
+}  // namespace etude

@@ -1,0 +1,88 @@
+// Spec of the step-control op: the decision a training step takes between the gradient norm and
+// the optimiser, made where the step runs (on the host for the CPU, in a one-thread kernel on a
+// GPU), so a step captured once as a CUDA graph takes it again at every replay without the host.
+// Also the per-step scalars and results the trainer exchanges with a backend: the host writes
+// step_scalars between steps, the step reads them; the step writes step_results, the host reads
+// them after it.
+//
+//   step_control(const step_limits* in, const double* losses, int n, step_decision* out)
+//       status  = loss_not_finite if any of losses[0, n) is not finite,
+//                 | grads_not_finite if out->sum_squares is not finite;
+//       norm    = sqrt(out->sum_squares) / in->loss_scale (the norm before clipping);
+//       coef    = clip_norm / (norm + 1e-6) when clip_norm > 0 and that is below 1, else 1;
+//       grad_scale = coef / loss_scale (double), the factor the optimiser applies to each gradient;
+//       skip    = status != 0: the update changes nothing;
+//       keep    = the loss is not finite, or the gradients are and the loss is not scaled: an
+//                 error, so the gradients stay for the report (clear_unless leaves them).
+//   clear_unless(x, n, const int* keep)   x[0, n) = 0 unless *keep
+//
+// out->sum_squares is written by the reduction (sum_squares(grads, n, &out->sum_squares)) before
+// step_control reads it. Every pointer is memory of the backend that runs the op.
+#pragma once
+
+#include <math.h>
+
+#include "etude/core/types.hpp"
+
+#if defined(__CUDACC__)
+#define ETUDE_HOST_DEVICE __host__ __device__
+#else
+#define ETUDE_HOST_DEVICE
+#endif
+
+namespace etude {
+
+inline constexpr int step_loss_not_finite = 1;
+inline constexpr int step_grads_not_finite = 2;
+
+struct step_limits {
+  double clip_norm = 1.0;   // hyper.clip_norm; 0 disables clipping
+  double loss_scale = 1.0;  // the scale the loss weights carry (1 without loss scaling)
+  int loss_scaled = 0;      // 1: non-finite gradients skip the step; 0: they are an error
+};
+
+struct step_decision {
+  double sum_squares = 0.0;  // Σ g² of the accumulated (scaled) gradients
+  double grad_scale = 1.0;   // clip coefficient / loss scale
+  int status = 0;            // step_loss_not_finite | step_grads_not_finite
+  int skip = 0;              // the update was skipped
+  int keep = 0;              // the gradients were kept for the error report
+};
+
+// Per-step values the host writes before a step. Opt: the optimiser policy (its scalars); N: the
+// (microbatch, codebook) pairs; F: the compute type the loss weights are handed over in.
+template <class Opt, int N, class F>
+struct step_scalars {
+  typename Opt::scalars optimizer;  // at the update number this step would reach
+  step_limits limits;
+  F weight[N];                      // loss weight of (microbatch m, codebook k) at m·K + k
+  F zero_weight;                    // 0: forward-only losses (evaluation)
+};
+
+// What a step leaves for the host to read after it.
+template <int N>
+struct step_results {
+  double loss[N];          // summed cross-entropy of (microbatch, codebook); evaluation: codebook k at k
+  step_decision decision;
+};
+
+// The decision itself, in double, as both backends take it: the CPU calls it on the host, the
+// CUDA control kernel on the device.
+ETUDE_HOST_DEVICE inline void decide_step(const step_limits& in, const double* losses, int n, step_decision& out) {
+  int status = 0;
+  for (int i = 0; i < n; ++i)
+    if (!isfinite(losses[i])) status |= step_loss_not_finite;
+  const double sum = out.sum_squares;
+  if (!isfinite(sum)) status |= step_grads_not_finite;
+  out.status = status;
+  out.skip = status != 0 ? 1 : 0;
+  out.keep = (status & step_loss_not_finite) != 0 || (status != 0 && in.loss_scaled == 0) ? 1 : 0;
+  double coef = 1.0;
+  if (in.clip_norm > 0.0) {
+    const double c = in.clip_norm / (sqrt(sum) / in.loss_scale + 1e-6);
+    if (c < 1.0) coef = c;
+  }
+  out.grad_scale = coef / in.loss_scale;
+}
+
+}  // namespace etude

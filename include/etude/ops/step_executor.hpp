@@ -1,0 +1,31 @@
+// Spec of a backend's step executor: what differs between backends in running one training step,
+// besides the ops. etude::trainer<Config, Backend> (train/trainer.hpp) writes the step body once
+// against the op set and hands it to step_executor<Backend>, which decides how it runs: eagerly on
+// the CPU; on CUDA eagerly or inside stream capture, replaying one graph per batch shape, as
+// tiny-cuda-nn wraps its graph around the same calls instead of forking the trainer.
+//
+// A specialisation provides (E an executor, T a trivially copyable type, body a callable):
+//   static constexpr bool host_resident      the training state lives in host memory
+//   template <class T> using buffer = ...    owning storage of the training state (zeroed)
+//   E(int device)                            device < 0: the default one
+//   auto enter()                             RAII: the calling thread's ops now run here
+//   void download(T* host, const T* src, n)  state → host; upload(T* dst, const T* host, n)
+//   std::byte* workspace(index_t bytes)      the step arena, grown between steps (address may move)
+//   template <class S, class R> class control    per-step scalars S the host writes before a step
+//       (host_scalars(), scalars()), results R the step writes (results(), host_results()),
+//       begin() / end() as the body's first and last operations
+//   int stage(batch, parts, part_bytes, fill, pending)   a batch's inputs: fill(part, dst) lays
+//       part p (a microbatch, an evaluation chunk) out on the host; returns the input slot
+//   int pending_slot(batch)                  a slot prefetched with exactly this batch, or −1
+//   void load(slot, part, dst, bytes)        inside the body: part p of the slot into dst
+//   void run(slot, shape key, replayable, body)  runs the body; waits for it
+//   index_t extra_bytes()                    memory it holds beyond the trainer's buffers
+// backend/cpu/executor.hpp and backend/cuda/executor.hpp are the two.
+#pragma once
+
+namespace etude {
+
+template <class Backend>
+class step_executor;
+
+}  // namespace etude

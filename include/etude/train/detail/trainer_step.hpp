@@ -1,0 +1,192 @@
+// The body of etude::trainer's step (train/trainer.hpp), written once for every backend: inputs
+// laid out per microbatch, the per-step scalars, the arena, and the sequence of ops one step
+// enqueues — what the CPU runs eagerly and what a GPU captures once and replays.
+// Included by train/trainer.hpp only.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace etude {
+
+// Pointers of one microbatch's workspace, carved from the arena in step_workspace's order.
+template <class Config, class Backend>
+typename trainer<Config, Backend>::microbatch_workspace trainer<Config, Backend>::carve(index_t nb, index_t steps) {
+  const index_t rows = nb * steps;
+  const int th = threads();
+  const auto sz = workspace_layout::sizes(nb, steps, th);
+  index_t at = 0;
+  auto take = [&](index_t bytes) {
+    std::byte* p = arena_ + at;
+    at += bytes;
+    return p;
+  };
+  auto* seq = reinterpret_cast<token_t*>(take(sz.seq));
+  auto* target = reinterpret_cast<token_t*>(take(sz.target));
+  std::byte* saved = take(sz.saved);
+  std::byte* work = take(sz.work);
+  std::byte* scratch = take(sz.scratch);
+  auto* attention = reinterpret_cast<compute_type*>(take(sz.attention));
+  auto* gemm = reinterpret_cast<float*>(take(sz.gemm));
+  return {seq,
+          target,
+          saved,
+          work,
+          typename net::scratch_t(scratch, rows),
+          {sz.attention > 0 ? attention : nullptr, workspace_layout::attention_values(steps, th),
+           sz.gemm > 0 ? gemm : nullptr}};
+}
+
+// Makes the arena and the positions large enough for microbatches of nb examples of `steps`
+// steps. Between steps only: a new address invalidates whatever the executor captured.
+template <class Config, class Backend>
+void trainer<Config, Backend>::reserve_shape(index_t nb, index_t steps) {
+  arena_ = exec_.workspace(workspace_layout::sizes(nb, steps, threads()).total());
+  pos_used_ = steps;
+  if (steps > pos_steps_) {
+    // position s's values do not depend on the length, so one table serves every shorter batch
+    pos_ = typename executor::template buffer<compute_type>(steps * S.dim);
+    Backend::sinusoid(pos_.data(), steps, S.dim);
+    pos_steps_ = steps;
+    exec_.invalidate();
+  }
+}
+
+// Pattern sequences and targets of examples [b0, b0 + nb) at `out` (the seq region, then the
+// target region, as step_workspace lays them out).
+template <class Config, class Backend>
+void trainer<Config, Backend>::lay_out(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb,
+                                       std::byte* out) const {
+  const index_t steps = plan.steps, rows = nb * steps;
+  const auto sz = workspace_layout::sizes(nb, steps, threads());
+  auto* seq = reinterpret_cast<token_t*>(out);
+  auto* target = reinterpret_cast<token_t*>(out + sz.seq);
+  for (index_t e = 0; e < nb; ++e)
+    for (int k = 0; k < K; ++k)
+      for (index_t s = 0; s < steps; ++s) {
+        const index_t src = plan.source_at(k, s), tgt = plan.target_at(k, s);
+        seq[(e * K + k) * steps + s] = src >= 0 ? b.token(b0 + e, k, src) : static_cast<token_t>(S.card);
+        target[k * rows + e * steps + s] = tgt >= 0 && b.valid(b0 + e, k, tgt) ? b.token(b0 + e, k, tgt) : token_t{-1};
+      }
+}
+
+// Checks a training batch (etude::trainer's messages), counts its valid targets and stages its
+// microbatches with the executor; returns the input slot.
+template <class Config, class Backend>
+int trainer<Config, Backend>::stage_training_batch(const batch_view& batch, bool pending) {
+  check_batch<model>(batch, true, microbatches);
+  const pattern_plan& plan = plan_for(batch.frames);
+  if (!pending) counts_ = count_step_tokens(batch, plan, microbatches, Config::norm);
+  const index_t nb = batch.batch / microbatches;
+  const auto sz = workspace_layout::sizes(nb, plan.steps, threads());
+  return exec_.stage(
+      batch, microbatches, sz.seq + sz.target,
+      [this, &batch, &plan, nb](int m, std::byte* dst) { lay_out(batch, plan, m * nb, nb, dst); }, pending);
+}
+
+// The host's half of a step: the scalars the step reads, written before it runs.
+template <class Config, class Backend>
+void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double lr) {
+  scalars_t& c = control_.host_scalars();
+  c.optimizer = optimizer::make_scalars(hyper_, lr, step_ + 1);
+  c.limits.clip_norm = hyper_.clip_norm;
+  c.limits.loss_scale = scaler_.scale;
+  c.limits.loss_scaled = policy::loss_scaled ? 1 : 0;
+  for (int m = 0; m < microbatches; ++m)
+    for (int k = 0; k < K; ++k)
+      c.weight[m * K + k] = static_cast<compute_type>(detail::loss_weight<Config>(tc.normaliser(m, k), scaler_.scale));
+  c.zero_weight = compute_type(0);
+}
+
+// Every operation of a step, in order, with no host synchronisation and no allocation: what a
+// graph captures and what an eager step runs. update = false stops after the gradient norm
+// (loss_and_gradients).
+template <class Config, class Backend>
+void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool update) {
+  const index_t rows = nb * steps;
+  const auto sz = workspace_layout::sizes(nb, steps, threads());
+  control_.begin();
+  results_t* r = control_.results();
+  const scalars_t* c = control_.scalars();
+  grad_type* grads = grads_.device();
+  Backend::fill_zero(grads, P);
+  const microbatch_workspace w = carve(nb, steps);
+  for (int m = 0; m < microbatches; ++m) {
+    exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.seq + sz.target);
+    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.ops);
+    for (int k = 0; k < K; ++k)
+      net::head(weights(), grads, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
+                &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);
+    net::backward(weights(), grads, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops);
+  }
+  Backend::sum_squares(grads, P, &r->decision.sum_squares);
+  if (update) {
+    Backend::step_control(&c->limits, r->loss, N, &r->decision);
+    // under a mixed policy the update also writes the rounded working copy
+    param_type* working = nullptr;
+    if constexpr (policy::has_master) working = working_.device();
+    state_type* state[optimizer_state_count];
+    for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
+    optimizer::template update<Backend>(master_.device(), grads, state, P, &c->optimizer, &r->decision.grad_scale,
+                                        &r->decision.skip, working);
+    Backend::clear_unless(grads, P, &r->decision.keep);
+  }
+  control_.end();
+}
+
+// Runs the step on the batch in `slot` through the executor (eagerly, or as the shape's graph),
+// which waits for it: the one synchronisation of a step, after it, for the statistics and the
+// loss scaler.
+template <class Config, class Backend>
+void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool update) {
+  reserve_shape(nb, steps);
+  note_memory(workspace_layout::sizes(nb, steps, threads()).total());
+  exec_.run(slot, nb, steps, update, [&] { enqueue(slot, nb, steps, update); });
+  grads_.device_changed();
+  if constexpr (policy::has_master) working_.device_changed();
+  note_memory(workspace_layout::sizes(nb, steps, threads()).total());
+}
+
+template <class Config, class Backend>
+step_stats trainer<Config, Backend>::loss_stats(const step_token_counts& tc, const batch_view& batch) const {
+  const results_t& r = control_.host_results();
+  std::vector<double> sums(K, 0.0), means(K, 0.0);
+  for (int m = 0; m < microbatches; ++m)
+    for (int k = 0; k < K; ++k) {
+      const auto ku = static_cast<std::size_t>(k);
+      const double loss = r.loss[m * K + k];
+      const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
+      sums[ku] += loss;
+      means[ku] += loss / static_cast<double>(tc.normaliser(m, k)) * scale;
+    }
+  step_stats st;
+  detail::fill_stats<K>(st, sums, tc.totals, batch);
+  if constexpr (Config::norm != loss_norm::tokens) detail::apply_mean_of_means<K>(st, means);
+  return st;
+}
+
+template <class Config, class Backend>
+std::string trainer<Config, Backend>::first_non_finite_gradient() const {
+  for (const param_desc& p : params::entries)
+    if (!Backend::all_finite(grads_.device() + p.offset, p.numel())) return "gradient of " + param_name(p);
+  return {};
+}
+
+// Bytes of the training state, the persistent buffers and the arena, as memory_stats reports
+// them: allocated = state + what this step carved (and the positions of its length), reserved =
+// state + the arena's block and the whole position table.
+template <class Config, class Backend>
+void trainer<Config, Backend>::note_memory(index_t arena_used) {
+  constexpr auto F = static_cast<index_t>(sizeof(compute_type));
+  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() +
+                  static_cast<index_t>((plan_.source.capacity() + plan_.target.capacity()) * sizeof(index_t));
+  for (const auto& s : states_) state += s.bytes();
+  memory_.allocated = state + pos_used_ * S.dim * F + arena_used + exec_.staged_bytes();
+  memory_.reserved = state + static_cast<index_t>(pos_.size()) * F + exec_.workspace_reserved() + exec_.extra_bytes();
+  memory_.peak_allocated = std::max(memory_.peak_allocated, memory_.allocated);
+  memory_.peak_reserved = std::max(memory_.peak_reserved, memory_.reserved);
+}
+
+}  // namespace etude
