@@ -73,8 +73,8 @@ class trainer {
   // Initialises the master weights (AudioCraft's initialisation, model/params.hpp) and allocates
   // the training state on the backend's device (device < 0: its default one).
   explicit trainer(const hyper& h = {}, int device = -1);
-  trainer(const trainer&) = delete;
-  trainer& operator=(const trainer&) = delete;
+  // Copyable where the backend's state is (the CPU: a copy is an independent trainer in the same
+  // state, e.g. an oracle asked for gradients); a device trainer is not.
 
   // The memory plan of this trainer for microbatches of b examples of `frames` frames, with the
   // thread count the backend runs with now.

@@ -1,13 +1,15 @@
 // The body of etude::trainer's step (train/trainer.hpp), written once for every backend: inputs
 // laid out per microbatch, the per-step scalars, the arena, and the sequence of ops one step
 // enqueues — what the CPU runs eagerly and what a GPU captures once and replays.
-// Included by train/trainer.hpp only.
+// Included at the end of train/trainer.hpp (and including it, so it also compiles alone).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
+
+#include "etude/train/trainer.hpp"
 
 namespace etude {
 
