@@ -281,7 +281,10 @@ float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
   cu::upload(out.data(), &d, 1);
   cu::upload(loss.data(), &zero, 1);
   backend_t::step_control(in.data(), loss.data(), 1, out.data());
-  return static_cast<float>(to_host(out)[0].grad_scale);
+  etude::step_decision result;
+  cu::download(&result, out.data(), 1);
+  cu::current().synchronize();
+  return static_cast<float>(result.grad_scale);
 }
 
 }  // namespace etude::gpu_test
