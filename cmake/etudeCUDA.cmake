@@ -1,7 +1,8 @@
 # The CUDA part of etude's build, included from the top CMakeLists.txt only when ETUDE_HAS_CUDA.
 #   etude_cuda            INTERFACE target: etude's headers + CUDA runtime, cuBLASLt, cuBLAS, C++20 for nvcc
 #   etude_cuda_header_check  every include/etude/backend/cuda/**.cuh compiled on its own by nvcc
-#                         (for CMAKE_CUDA_ARCHITECTURES, 80;90 by default), so no header rots
+#                         (for the last of CMAKE_CUDA_ARCHITECTURES), so no header rots
+#   etude_cuda_host_header_check  every backend/cuda/**.hpp compiled on its own by the host compiler
 #   bench/gpu             the GPU op benchmarks (ETUDE_BUILD_BENCH)
 # The gpu tests live in tests/gpu (added by tests/CMakeLists.txt). CUDA translation units include
 # only config/, core/, model/, train/ and backend/cuda/: no range-v3 or Boost.Hana (see DESIGN.md),
@@ -18,18 +19,13 @@ target_link_libraries(etude_cuda INTERFACE CUDA::cudart CUDA::cublasLt CUDA::cub
 # Warnings for CUDA sources: the host compiler's, through nvcc.
 set(ETUDE_CUDA_WARNINGS "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
 
-# Every .cuh compiles alone (generated one-line .cu files, as tests/ does for the .hpp headers).
-file(GLOB_RECURSE _etude_cuda_headers RELATIVE ${PROJECT_SOURCE_DIR}/include CONFIGURE_DEPENDS
-     ${PROJECT_SOURCE_DIR}/include/etude/backend/cuda/*.cuh)
-set(_etude_cuda_header_sources "")
-foreach(_h IN LISTS _etude_cuda_headers)
-  string(MAKE_C_IDENTIFIER ${_h} _id)
-  set(_src ${PROJECT_BINARY_DIR}/cuda_headers/${_id}.cu)
-  file(GENERATE OUTPUT ${_src} CONTENT "#include <${_h}>\n#include <${_h}>\n")
-  list(APPEND _etude_cuda_header_sources ${_src})
-endforeach()
-add_library(etude_cuda_header_check OBJECT ${_etude_cuda_header_sources})
-target_link_libraries(etude_cuda_header_check PRIVATE etude_cuda)
+# Every .cuh compiles alone (nvcc), and every backend/cuda/*.hpp (the runtime API, no kernels) with
+# the host compiler alone, as a .cpp that drives a trainer instantiated in a .cu does.
+include(etudeHeaderCheck)
+etude_header_check(TARGET etude_cuda_header_check GLOB "etude/backend/cuda/*.cuh" EXT cu
+                   DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
+etude_header_check(TARGET etude_cuda_host_header_check GLOB "etude/backend/cuda/*.hpp" EXT cpp
+                   DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
 # One architecture is enough here: the headers alone instantiate no kernel, so a second pass would
 # only repeat the front end (half of this target's time). Every kernel is compiled for all of
 # CMAKE_CUDA_ARCHITECTURES by the gpu tests and benchmarks, which instantiate them.
@@ -37,25 +33,6 @@ list(GET CMAKE_CUDA_ARCHITECTURES -1 _etude_cuda_last_arch)
 set_target_properties(etude_cuda_header_check PROPERTIES CUDA_ARCHITECTURES ${_etude_cuda_last_arch})
 unset(_etude_cuda_last_arch)
 target_compile_options(etude_cuda_header_check PRIVATE ${ETUDE_CUDA_WARNINGS})
-# The host-only headers of the CUDA backend (.hpp: the runtime API, no kernels) compile with the
-# host compiler alone, as a .cpp that drives a trainer instantiated in a .cu does.
-file(GLOB_RECURSE _etude_cuda_host_headers RELATIVE ${PROJECT_SOURCE_DIR}/include CONFIGURE_DEPENDS
-     ${PROJECT_SOURCE_DIR}/include/etude/backend/cuda/*.hpp)
-set(_etude_cuda_host_sources "")
-foreach(_h IN LISTS _etude_cuda_host_headers)
-  string(MAKE_C_IDENTIFIER ${_h} _id)
-  set(_src ${PROJECT_BINARY_DIR}/cuda_headers/${_id}.cpp)
-  file(GENERATE OUTPUT ${_src} CONTENT "#include <${_h}>\n#include <${_h}>\n")
-  list(APPEND _etude_cuda_host_sources ${_src})
-endforeach()
-if(_etude_cuda_host_sources)
-  add_library(etude_cuda_host_header_check OBJECT ${_etude_cuda_host_sources})
-  target_link_libraries(etude_cuda_host_header_check PRIVATE etude_cuda)
-endif()
-unset(_etude_cuda_host_headers)
-unset(_etude_cuda_host_sources)
-unset(_etude_cuda_headers)
-unset(_etude_cuda_header_sources)
 
 if(ETUDE_BUILD_BENCH AND EXISTS "${PROJECT_SOURCE_DIR}/bench/gpu/CMakeLists.txt")
   add_subdirectory("${PROJECT_SOURCE_DIR}/bench/gpu" "${PROJECT_BINARY_DIR}/bench/gpu")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it:
+# The whole test suite, as CI runs it (after installing what it needs: .ci/install-deps, once):
 #   1. Release build of the library's tests, examples and benchmarks; ctest (unit, parity,
 #      compile_fail, example, header self-sufficiency); where nvcc exists, every CUDA translation
 #      unit is compiled for sm_80 and sm_90 and the gpu tests run (or report themselves skipped
@@ -15,6 +15,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build}
 jobs=${ETUDE_JOBS:-2}
 step() { printf '\n=== %s\n' "$*"; }
+
+step "dependencies (installed once; a quick check after)"
+"$root/.ci/install-deps"
 
 step "release build and tests"
 cmake -S "$root" -B "$out/release" -DCMAKE_BUILD_TYPE=Release

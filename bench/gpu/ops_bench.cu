@@ -204,11 +204,19 @@ void optimiser_bench(index_t params) {
   auto grad = random<float>(params, 43);
   cu::device_buffer<etude::bf16> working(params);
   cu::device_buffer<double> ss(1);
-  cu::device_buffer<float> scale(1);
-  long step = 1;
+  // the step's form: scalars, gradient factor and skip flag in device memory
+  const auto scalars = etude::optim::adamw::make_scalars(etude::hyper{}, 1e-4, 1);
+  const double factor = 1.0;
+  const int go = 0;
+  cu::device_buffer<etude::optim::adamw::scalars> dscalars(1);
+  cu::device_buffer<double> dfactor(1);
+  cu::device_buffer<int> dgo(1);
+  cu::upload(dscalars.data(), &scalars, 1);
+  cu::upload(dfactor.data(), &factor, 1);
+  cu::upload(dgo.data(), &go, 1);
   bytes_line("adamw_update fp32 master+moments, fp32 grad, bf16 copy", time_ms([&] {
-               be::adamw_update(master.data(), grad.data(), m.data(), v.data(), params, 1e-4, 0.9, 0.95, 1e-8, 0.1,
-                                step++, 1.0, working.data(), scale.data());
+               be::adamw_update(master.data(), grad.data(), m.data(), v.data(), params, dscalars.data(),
+                                dfactor.data(), dgo.data(), working.data());
              }),
              static_cast<double>(params) * (4 * 2 * 3 + 4 + 2));
   bytes_line("sum_squares_async fp32", time_ms([&] { be::sum_squares_async(grad.data(), params, ss.data()); }),

@@ -463,18 +463,22 @@ TEST_CASE("sum of squares and finiteness", "[gpu][reduce]") {
   CHECK(dev::sum_squares(dtype::f32, vec{}) == 0.0);
 }
 
-TEST_CASE("AdamW with fp32 master, 16-bit working copy and a device scale; SGD", "[gpu][optim]") {
+TEST_CASE("AdamW with fp32 master and a 16-bit working copy, SGD: the step's forms, and the skip flag", "[gpu][optim]") {
   const std::size_t n = 100003;
+  etude::hyper h;
+  h.beta2 = 0.95;
+  h.weight_decay = 0.1;
+  const auto adam = etude::optim::adamw::make_scalars(h, 1e-3, 7);
   for (dtype g : {dtype::f32, dtype::bf16})
-    for (float device_scale : {0.0f, 0.5f}) {
+    for (double gs : {0.8, 0.4}) {
       vec p = uniform(n, -1, 1, 100), m = uniform(n, -0.01f, 0.01f, 101), v = uniform(n, 0, 1e-4f, 102);
       const vec grad = uniform(n, -1, 1, 103, g);
       vec wp = p, wm = m, wv = v;
-      const double gs = 0.8 * (device_scale > 0 ? device_scale : 1.0f);
-      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), 1e-3, 0.9, 0.95, 1e-8,
-                        0.1, 7L, gs);
+      const int go = 0;
+      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), &adam, &gs, &go,
+                        static_cast<float*>(nullptr));
       vec gp = p, gm = m, gv = v, gw;
-      dev::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, 1e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.8, device_scale);
+      dev::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, adam, gs, 0);
       // the same float formula; contraction into FMA moves a few ulp of the update (|Δp| <= ~lr·10)
       check_close(gp, wp, 1e-6, 1e-8, "adamw master");
       check_close(gm, wm, 1e-6, 1e-10, "adamw m");
@@ -482,18 +486,31 @@ TEST_CASE("AdamW with fp32 master, 16-bit working copy and a device scale; SGD",
       // the working copy is the new master rounded to bf16
       vec rounded = round_to(dtype::bf16, gp);
       check_equal(gw, rounded, "adamw working copy");
+      // a skipped step changes nothing
+      vec sp = p, sm = m, sv = v, sw;
+      dev::adamw(g, dtype::bf16, sp, grad, sm, sv, nullptr, adam, gs, 1);
+      check_equal(sp, p, "skipped adamw master");
+      check_equal(sm, m, "skipped adamw m");
+      check_equal(sv, v, "skipped adamw v");
     }
   for (bool nesterov : {false, true})
     for (bool first : {false, true}) {
+      const etude::optim::sgd_scalars sc{0.01, 0.9, 0.1, nesterov ? 1 : 0, first ? 1 : 0};
       vec p = uniform(5000, -1, 1, 110), buf = uniform(5000, -1, 1, 111);
       const vec grad = uniform(5000, -1, 1, 112);
       vec wp = p, wb = buf;
-      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, 0.01, 0.9, 0.1, nesterov, first, 0.5);
-      dev::sgd(p, grad, buf, 0.01, 0.9, 0.1, nesterov, first, 0.5);
+      const double gs = 0.5;
+      const int go = 0;
+      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, &sc, &gs, &go, static_cast<float*>(nullptr));
+      dev::sgd(p, grad, buf, sc, gs, 0);
       check_close(p, wp, 1e-6, 1e-7, "sgd p");
       check_close(buf, wb, 1e-6, 1e-7, "sgd buf");
+      vec sp = p, sb = buf;
+      dev::sgd(sp, grad, sb, sc, gs, 1);
+      check_equal(sp, p, "skipped sgd p");
+      check_equal(sb, buf, "skipped sgd buf");
     }
-  // clip: scale = inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
+  // step_control's factor: inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
   CHECK(dev::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
   CHECK(dev::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
   CHECK(dev::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) == Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));

@@ -233,8 +233,15 @@ bool all_finite(dtype t, const vec& x) {
   });
 }
 
-void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out, double lr, double beta1,
-           double beta2, double eps, double wd, long step, double grad_scale, float device_scale) {
+template <class T>
+cu::device_buffer<T> one_on_device(const T& value) {
+  cu::device_buffer<T> d(1);
+  cu::upload(d.data(), &value, 1);
+  return d;
+}
+
+void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
+           const optim::adamw::scalars& scalars, double grad_scale, int skip) {
   session s;
   dispatch(grad, [&](auto gtag) {
     using G = decltype(gtag);
@@ -245,10 +252,11 @@ void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec*
       auto dm = to_device<float>(m);
       auto dv = to_device<float>(v);
       cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
-      auto dscale = to_device<float>(vec{device_scale});
-      backend_t::adamw_update(dp.data(), dg.data(), dm.data(), dv.data(), dp.size(), lr, beta1, beta2, eps, wd, step,
-                              grad_scale, working_out != nullptr ? dw.data() : nullptr,
-                              device_scale > 0.0f ? dscale.data() : nullptr);
+      const auto ds = one_on_device(scalars);
+      const auto dscale = one_on_device(grad_scale);
+      const auto dskip = one_on_device(skip);
+      backend_t::adamw_update(dp.data(), dg.data(), dm.data(), dv.data(), dp.size(), ds.data(), dscale.data(),
+                              dskip.data(), working_out != nullptr ? dw.data() : static_cast<W*>(nullptr));
       p = to_host(dp);
       m = to_host(dm);
       v = to_host(dv);
@@ -257,13 +265,16 @@ void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec*
   });
 }
 
-void sgd(vec& p, const vec& g, vec& buf, double lr, double momentum, double wd, bool nesterov, bool first,
-         double grad_scale) {
+void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip) {
   session s;
   auto dp = to_device<float>(p);
   auto dg = to_device<float>(g);
   auto db = to_device<float>(buf);
-  backend_t::sgd_update(dp.data(), dg.data(), db.data(), dp.size(), lr, momentum, wd, nesterov, first, grad_scale);
+  const auto ds = one_on_device(scalars);
+  const auto dscale = one_on_device(grad_scale);
+  const auto dskip = one_on_device(skip);
+  backend_t::sgd_update(dp.data(), dg.data(), db.data(), dp.size(), ds.data(), dscale.data(), dskip.data(),
+                        static_cast<float*>(nullptr));
   p = to_host(dp);
   buf = to_host(db);
 }

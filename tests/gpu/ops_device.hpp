@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::gpu_test {
@@ -65,12 +66,12 @@ double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, in
 double sum_squares(dtype t, const vec& x);
 bool all_finite(dtype t, const vec& x);
 
-// AdamW on an fp32 master with fp32 moments; grad in `grad`; working copy in `working` (written when
-// working_out is not null); device_scale > 0 also passes that factor through device memory.
-void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out, double lr, double beta1,
-           double beta2, double eps, double wd, long step, double grad_scale, float device_scale);
-void sgd(vec& p, const vec& g, vec& buf, double lr, double momentum, double wd, bool nesterov, bool first,
-         double grad_scale);
+// AdamW on an fp32 master with fp32 moments through the step's form: scalars, gradient factor and
+// skip flag in device memory; grad in `grad`; working copy in `working` (written when working_out
+// is not null).
+void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
+           const optim::adamw::scalars& scalars, double grad_scale, int skip);
+void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip);
 float clip_scale(double sum_squares, float max_norm, float inv_loss_scale);
 
 }  // namespace etude::gpu_test

@@ -1,8 +1,8 @@
-// The CUDA trainer's step (etude::cuda::trainer, backend/cuda/trainer.cuh) against the CPU
-// trainer, the oracle, on the same configuration, hyperparameters, batches and initial weights;
-// and the properties of the device step itself: a replayed graph computes exactly what eager
-// launches compute, two runs are bit-identical, a prefetched batch trains exactly like one handed
-// to step(), the loss scaler skips the same steps, the device memory is the plan's, and a small
+// The trainer's step on backend::cuda against the same trainer on backend::cpu, the oracle, on
+// the same configuration, hyperparameters, batches and initial weights; and the properties of
+// the device step itself: a replayed graph computes exactly what eager launches compute, two runs
+// are bit-identical, a prefetched batch trains exactly like one handed to step(), the loss scaler
+// skips the same steps, the device memory is the plan's, and a small
 // model learns. The trainer runs behind step_device.hpp (nvcc); this file is compiled by g++.
 //
 // Bounds:
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../support.hpp"
+#include "etude/backend/cpu/executor.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/data/synthetic.hpp"
 #include "etude/train/trainer.hpp"
@@ -114,7 +115,7 @@ using maker = std::function<std::unique_ptr<st::device_trainer>(const etude::hyp
 
 TEST_CASE("fp32 device step matches the CPU trainer", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::cpu_trainer<st::fp32_config> cpu{h};
+  etude::trainer<st::fp32_config, etude::backend::cpu> cpu{h};
   const auto gpu = st::make_fp32(h);
   REQUIRE(same_bits(gpu->parameters(), as_vector(cpu.parameters())));  // the same initialisation, bit for bit
 
@@ -153,7 +154,7 @@ TEST_CASE("fp32 device step matches the CPU trainer", "[gpu][step]") {
 
 TEST_CASE("bf16 device step matches the CPU bf16 trainer within bf16 rounding", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::cpu_trainer<st::bf16_config> cpu{h};
+  etude::trainer<st::bf16_config, etude::backend::cpu> cpu{h};
   const auto gpu = st::make_bf16(h);
   REQUIRE(same_bits(gpu->parameters(), as_vector(cpu.parameters())));
   const double bound = bf16_bound();
@@ -254,7 +255,7 @@ TEST_CASE("fp16 loss scaling skips exactly the steps the CPU trainer skips", "[g
   etude::hyper h = parity_hyper();
   h.loss_scale = std::ldexp(1.0, 40);  // far beyond fp16's 65504: the first steps must overflow
   h.scale_interval = 1000;
-  etude::cpu_trainer<st::fp16_config> cpu{h};
+  etude::trainer<st::fp16_config, etude::backend::cpu> cpu{h};
   const auto gpu = st::make_fp16(h);
   const double bound = 4 * std::sqrt(4.0 * L + 3) * etude::dtype_traits<etude::fp16>::unit_roundoff;
   int skipped = 0;
@@ -326,7 +327,7 @@ TEST_CASE("the device memory is the memory plan's", "[gpu][step]") {
 
 TEST_CASE("bad batches are refused with the CPU trainer's messages", "[gpu][step]") {
   const etude::hyper h = parity_hyper();
-  etude::cpu_trainer<st::fp32_config> cpu{h};
+  etude::trainer<st::fp32_config, etude::backend::cpu> cpu{h};
   const auto gpu = st::make_fp32(h);
   auto message = [](auto&& f) -> std::string {
     try {

@@ -1,6 +1,6 @@
 // The configurations the gpu step tests train, shared by the nvcc side (step_device_*.cu, which
-// instantiates etude::cuda::trainer on them) and the g++ side (step.cpp, which runs the CPU
-// trainer on the same types as the oracle). Small on purpose: K = 4 codebooks of 64 entries,
+// instantiates etude::trainer<Config, backend::cuda> on them) and the g++ side (step.cpp, which
+// runs the CPU trainer on the same types as the oracle). Small on purpose: K = 4 codebooks of 64 entries,
 // dim 128, 2 heads of 64 (the CUDA attention supports head dimensions 64 and 128), 2 layers,
 // MusicGen's delay pattern, accumulate<2>: a step takes milliseconds on a GPU.
 #pragma once

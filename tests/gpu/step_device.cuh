@@ -33,7 +33,7 @@ class device_trainer_of final : public device_trainer {
   long steps_done() const override { return t_.steps_done(); }
   double loss_scale() const override { return t_.loss_scale(); }
   long skipped_steps() const override { return t_.skipped_steps(); }
-  std::size_t cached_graphs() const override { return const_cast<trainer_t&>(t_).exec().cached_graphs(); }
+  std::size_t cached_graphs() const override { return t_.exec().cached_graphs(); }
   memory_report memory(index_t microbatch, index_t frames) const override {
     memory_report r;
     r.measured = t_.memory();
@@ -42,10 +42,10 @@ class device_trainer_of final : public device_trainer {
     r.plan_total = plan.total();
     r.plan_host_inputs = microbatch * Config::microbatches * K * frames * static_cast<index_t>(sizeof(token_t) + 1) +
                          2 * K * plan.steps * static_cast<index_t>(sizeof(index_t));
-    auto& exec = const_cast<trainer_t&>(t_).exec();
+    const auto& exec = t_.exec();
     r.input_staging = exec.staged_bytes();
     r.op_scratch = static_cast<index_t>(exec.context().scratch_bytes());
-    r.control = t_.unplanned_bytes() - exec.extra_bytes();
+    r.control = trainer_t::control_bytes();
     return r;
   }
 

@@ -1,6 +1,6 @@
 // The CUDA trainer behind a virtual interface, so that the Catch2 tests (step.cpp, compiled by
 // g++ with the CPU trainer as the oracle) drive it without seeing CUDA: each step_device_*.cu
-// instantiates etude::cuda::trainer for one configuration of step_configs.hpp.
+// instantiates etude::trainer<Config, backend::cuda> for one configuration of step_configs.hpp.
 #pragma once
 
 #include <cstddef>

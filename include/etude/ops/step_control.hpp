@@ -24,10 +24,13 @@
 
 #include "etude/core/types.hpp"
 
+// Functions both a host and a CUDA kernel call (step_control's decision).
+#ifndef ETUDE_HOST_DEVICE
 #if defined(__CUDACC__)
 #define ETUDE_HOST_DEVICE __host__ __device__
 #else
 #define ETUDE_HOST_DEVICE
+#endif
 #endif
 
 namespace etude {
@@ -43,7 +46,8 @@ struct step_limits {
 
 struct step_decision {
   double sum_squares = 0.0;  // Σ g² of the accumulated (scaled) gradients
-  double grad_scale = 1.0;   // clip coefficient / loss scale
+  double clip_coef = 1.0;    // the clip coefficient (1 when not clipped)
+  double grad_scale = 1.0;   // clip_coef / loss scale
   int status = 0;            // step_loss_not_finite | step_grads_not_finite
   int skip = 0;              // the update was skipped
   int keep = 0;              // the gradients were kept for the error report
@@ -82,6 +86,7 @@ ETUDE_HOST_DEVICE inline void decide_step(const step_limits& in, const double* l
     const double c = in.clip_norm / (sqrt(sum) / in.loss_scale + 1e-6);
     if (c < 1.0) coef = c;
   }
+  out.clip_coef = coef;
   out.grad_scale = coef / in.loss_scale;
 }
 

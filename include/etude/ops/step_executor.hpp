@@ -14,8 +14,8 @@
 //   template <class S, class R> class control    per-step scalars S the host writes before a step
 //       (host_scalars(), scalars()), results R the step writes (results(), host_results()),
 //       begin() / end() as the body's first and last operations
-//   int stage(batch, parts, part_bytes, fill, pending)   a batch's inputs: fill(part, dst) lays
-//       part p (a microbatch, an evaluation chunk) out on the host; returns the input slot
+//   int stage(batch, parts, part_bytes, input_fill, pending)   a batch's inputs: fill(part, dst)
+//       lays part p (a microbatch, an evaluation chunk) out on the host; returns the input slot
 //   int pending_slot(batch)                  a slot prefetched with exactly this batch, or −1
 //   void load(slot, part, dst, bytes)        inside the body: part p of the slot into dst
 //   void run(slot, shape key, replayable, body)  runs the body; waits for it
@@ -23,9 +23,31 @@
 // backend/cpu/executor.hpp and backend/cuda/executor.hpp are the two.
 #pragma once
 
+#include <cstddef>
+
+#include "etude/core/error.hpp"
+
 namespace etude {
 
 template <class Backend>
 class step_executor;
+
+// A non-owning reference to the trainer's input layout, fill(part, dst): two pointers, so staging
+// a batch allocates nothing. The referenced callable must outlive the step that loads from it.
+class input_fill {
+ public:
+  input_fill()  // nothing staged yet: loading from it is a bug in the caller
+      : obj_(nullptr), call_([](const void*, int, std::byte*) {
+          throw error("etude step executor: load() before any stage(): nothing to lay out");
+        }) {}
+  template <class F>
+  explicit input_fill(const F& f)
+      : obj_(&f), call_([](const void* o, int part, std::byte* dst) { (*static_cast<const F*>(o))(part, dst); }) {}
+  void operator()(int part, std::byte* dst) const { call_(obj_, part, dst); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, int, std::byte*);
+};
 
 }  // namespace etude

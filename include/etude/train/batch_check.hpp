@@ -1,6 +1,6 @@
-// What every trainer checks and counts on a batch before it lays it out, shared by the CPU
-// trainer (train/trainer.hpp) and the CUDA trainer (backend/cuda/trainer.cuh) so that both refuse
-// the same batches with the same messages and weight the loss by the same token counts:
+// What the trainer (train/trainer.hpp) checks and counts on a batch before it lays it out, on
+// every backend, so that all refuse the same batches with the same messages and weight the loss by
+// the same token counts:
 //   check_batch         codebooks, emptiness, divisibility into microbatches, length, token
 //                       range and mask values, with messages that say what to do;
 //   valid_targets       target tokens one codebook's loss sees in a range of examples (the

@@ -134,13 +134,13 @@ class trainer {
   // Memory of the training state and workspaces on the backend's device (see memory_stats):
   // allocated counts what the last step or evaluation used, reserved what the buffers hold.
   const memory_stats& memory() const { return memory_; }
-  // Bytes outside the memory plan: the executor's input slots and control block, a GPU library's
-  // scratch (0 on the CPU).
-  index_t unplanned_bytes() const { return exec_.extra_bytes() + control_t::bytes; }
+  // The device copies of the per-step scalars and results (0 on the CPU).
+  static constexpr index_t control_bytes() { return control_t::bytes; }
 
   const hyper& hyperparameters() const { return hyper_; }
   // The backend's step executor (on CUDA: use_graphs(), cached_graphs(), context()).
   executor& exec() { return exec_; }
+  const executor& exec() const { return exec_; }
 
   // Puts the trainer in a saved state: the update count, the (master) parameters and the
   // optimiser's state buffers (flat, in parameter-table order, as parameters() and
@@ -177,14 +177,27 @@ class trainer {
   }
   void prepare_state();
   const pattern_plan& plan_for(index_t frames);
-  int threads() const {
+  static int threads() {
     if constexpr (requires { Backend::threads(); }) return Backend::threads();
     else return 1;
   }
   microbatch_workspace carve(index_t nb, index_t steps);
   void reserve_shape(index_t nb, index_t steps);
-  void lay_out(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb, std::byte* out) const;
+  // The inputs of a staged batch: part p is examples [p·chunk, min(B, (p+1)·chunk)) laid out as
+  // pattern sequences and targets (a microbatch of a step, a chunk of an evaluation).
+  struct staged_input {
+    const trainer* owner = nullptr;
+    batch_view batch;
+    index_t chunk = 1;
+    void operator()(int part, std::byte* dst) const {
+      const index_t b0 = part * chunk;
+      owner->lay_out(batch, b0, std::min(chunk, batch.batch - b0), dst);
+    }
+  };
+  void lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out) const;
+  int stage_parts(const batch_view& batch, index_t chunk, bool pending);
   int stage_training_batch(const batch_view& batch, bool pending);
+  step_stats training_pass(const batch_view& batch, bool update);
   void write_scalars(const step_token_counts& tc, double lr);
   void enqueue(int slot, index_t nb, index_t steps, bool update);
   void launch(int slot, index_t nb, index_t steps, bool update);
@@ -207,7 +220,7 @@ class trainer {
   index_t pos_used_ = 0;   // rows the last step or evaluation read
   mutable control_t control_;
   pattern_plan plan_;
-  step_token_counts counts_;  // of the batch the last step staged
+  staged_input input_;  // what the executor's input_fill refers to
   std::byte* arena_ = nullptr;
 };
 
@@ -232,9 +245,7 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
 
 template <class Config, class Backend>
 memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_size) {
-  int threads = 1;
-  if constexpr (requires { Backend::threads(); }) threads = Backend::threads();
-  return plan_memory<Config, Backend>(b, frames, {threads, world_size});
+  return plan_memory<Config, Backend>(b, frames, {threads(), world_size});
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -242,20 +253,8 @@ memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::step(const batch_view& batch) {
   [[maybe_unused]] const auto guard = exec_.enter();
-  int slot = exec_.pending_slot(batch);
-  if (slot < 0) slot = stage_training_batch(batch, false);
-  else counts_ = count_step_tokens(batch, plan_for(batch.frames), microbatches, Config::norm);
-  const index_t nb = batch.batch / microbatches, steps = plan_for(batch.frames).steps;
-  const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
-  prepare_state();
-  write_scalars(counts_, lr);
-  launch(slot, nb, steps, true);
+  step_stats st = training_pass(batch, true);
   const step_decision& d = control_.host_results().decision;
-
-  step_stats st = loss_stats(counts_, batch);
-  st.scale = scaler_.scale;
-  st.grad_norm = std::sqrt(d.sum_squares) / scaler_.scale;
-  st.lr = lr;
   if (d.status != 0) {
     if constexpr (policy::loss_scaled) {
       if ((d.status & step_loss_not_finite) == 0) {
@@ -263,8 +262,6 @@ step_stats trainer<Config, Backend>::step(const batch_view& batch) {
         scaler_.overflowed(hyper_, step_);
         st.skipped = true;
         st.skipped_steps = scaler_.skipped;
-        st.step = step_;
-        st.memory = memory_;
         return st;
       }
     }
@@ -274,7 +271,7 @@ step_stats trainer<Config, Backend>::step(const batch_view& batch) {
     grads_.device_changed();
     throw detail::non_finite_step(step_, (d.status & step_loss_not_finite) != 0, where);
   }
-  st.clip_coef = detail::clip_coefficient(hyper_, st.grad_norm);
+  st.clip_coef = d.clip_coef;
   ++step_;
   master_.device_changed();
   for (auto& s : states_) s.device_changed();
@@ -282,23 +279,32 @@ step_stats trainer<Config, Backend>::step(const batch_view& batch) {
   if constexpr (policy::loss_scaled) scaler_.applied(hyper_);
   st.step = step_;
   st.skipped_steps = scaler_.skipped;
-  st.memory = memory_;
   return st;
 }
 
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch) {
   [[maybe_unused]] const auto guard = exec_.enter();
-  int slot = exec_.pending_slot(batch);
+  return training_pass(batch, false);
+}
+
+// What step() and loss_and_gradients() share: the batch staged (or taken from a prefetch), its
+// valid-target counts, the scalars written, the body run (with the update when `update`), and the
+// statistics of the pass before the host's decision on the result.
+template <class Config, class Backend>
+step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool update) {
+  int slot = exec_.pending_slot(batch);  // a prefetch checked it
   if (slot < 0) slot = stage_training_batch(batch, false);
-  else counts_ = count_step_tokens(batch, plan_for(batch.frames), microbatches, Config::norm);
-  const index_t nb = batch.batch / microbatches, steps = plan_for(batch.frames).steps;
+  const pattern_plan& plan = plan_for(batch.frames);
+  const step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm);
+  const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
   prepare_state();
-  write_scalars(counts_, learning_rate<typename Config::schedule>(hyper_, step_));
-  launch(slot, nb, steps, false);
-  step_stats st = loss_stats(counts_, batch);
+  write_scalars(counts, lr);
+  launch(slot, batch.batch / microbatches, plan.steps, update);
+  step_stats st = loss_stats(counts, batch);
   st.scale = scaler_.scale;
   st.grad_norm = std::sqrt(control_.host_results().decision.sum_squares) / scaler_.scale;
+  st.lr = lr;
   st.step = step_;
   st.skipped_steps = scaler_.skipped;
   st.memory = memory_;
@@ -315,19 +321,12 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
   const index_t chunk = std::max<index_t>(1, batch.batch / microbatches);
   const index_t chunks = (batch.batch + chunk - 1) / chunk;
   reserve_shape(chunk, steps);
-  const auto full = workspace_layout::sizes(chunk, steps, threads());
   std::vector<index_t> counts(K, 0);
   for (index_t c = 0; c < chunks; ++c) {
     const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0);
     for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += valid_targets(batch, plan, b0, nb, k);
   }
-  const int slot = exec_.stage(
-      batch, static_cast<int>(chunks), full.seq + full.target,
-      [this, &batch, &plan, chunk](int c, std::byte* dst) {
-        const index_t b0 = c * chunk;
-        lay_out(batch, plan, b0, std::min(chunk, batch.batch - b0), dst);
-      },
-      false);
+  const int slot = stage_parts(batch, chunk, false);
   index_t used = 0;
   exec_.run(slot, chunk, steps, false, [&] {
     control_.begin();

@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <functional>
-#include <utility>
 
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/core/arena.hpp"
@@ -66,9 +64,8 @@ class step_executor<backend::cpu> {
 
   // Inputs are laid out when the body loads them: nothing is staged ahead, and a prefetch has
   // nothing to do on the CPU.
-  template <class Fill>
-  int stage(const batch_view&, int /*parts*/, index_t /*part_bytes*/, Fill&& fill, bool /*pending*/) {
-    fill_ = std::forward<Fill>(fill);
+  int stage(const batch_view&, int /*parts*/, index_t /*part_bytes*/, input_fill fill, bool /*pending*/) {
+    fill_ = fill;
     return 0;
   }
   int pending_slot(const batch_view&) const { return -1; }
@@ -85,7 +82,7 @@ class step_executor<backend::cpu> {
 
  private:
   arena arena_;
-  std::function<void(int, std::byte*)> fill_;
+  input_fill fill_;  // of the last stage(); the trainer loads only what it staged
 };
 
 }  // namespace etude

@@ -212,29 +212,16 @@ struct cuda {
     ::etude::cuda::all_finite_async(x, n, bad);
   }
 
-  // ---- optimisers -------------------------------------------------------------------------------------------
-  template <class M, class G, class S, class P = M>
-  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, double lr, double beta1, double beta2,
-                           double eps, double weight_decay, long step, double grad_scale, P* working = nullptr,
-                           const float* device_scale = nullptr) {
-    ::etude::cuda::adamw_update(p, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale, working,
-                                device_scale);
-  }
-  template <class M, class G, class S, class P = M>
-  static void sgd_update(M* p, const G* grad, S* buf, index_t n, double lr, double momentum, double weight_decay,
-                         bool nesterov, bool first_step, double grad_scale, P* working = nullptr) {
-    ::etude::cuda::sgd_update(p, grad, buf, n, lr, momentum, weight_decay, nesterov, first_step, grad_scale, working);
-  }
-  // The step's forms: scalars, gradient factor and skip flag in device memory.
+  // ---- optimisers (the step's forms: scalars, gradient factor and skip flag in device memory) ----------------
   template <class M, class G, class S, class P = M>
   static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
                            const double* grad_scale, const int* skip, P* working) {
-    ::etude::cuda::adamw_update_device(p, grad, m, v, n, scalars, grad_scale, skip, working);
+    ::etude::cuda::adamw_update(p, grad, m, v, n, scalars, grad_scale, skip, working);
   }
   template <class M, class G, class S, class P = M>
   static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
                          const double* grad_scale, const int* skip, P* working) {
-    ::etude::cuda::sgd_update_device(p, grad, buf, n, scalars, grad_scale, skip, working);
+    ::etude::cuda::sgd_update(p, grad, buf, n, scalars, grad_scale, skip, working);
   }
 
   // ---- step control (ops/step_control.hpp) ----------------------------------------------------------------

@@ -34,64 +34,41 @@ struct cuda;
 
 namespace etude::cuda::detail {
 
-// Owning handles for a stream, an event and an executable graph.
-class stream_handle {
+// An owning handle of a CUDA runtime object (stream, event, executable graph), destroyed by
+// Destroy; movable, not copyable. Destructors cannot report errors, and do not try.
+template <class Handle, cudaError_t (*Destroy)(Handle)>
+class unique_handle {
  public:
-  stream_handle() = default;
-  explicit stream_handle(unsigned flags) { ETUDE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, flags)); }
-  stream_handle(stream_handle&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-  stream_handle& operator=(stream_handle&& o) noexcept {
-    std::swap(s_, o.s_);
+  unique_handle() = default;
+  explicit unique_handle(Handle h) noexcept : h_(h) {}
+  unique_handle(unique_handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  unique_handle& operator=(unique_handle&& o) noexcept {
+    std::swap(h_, o.h_);
     return *this;
   }
-  ~stream_handle() {
-    if (s_ != nullptr) cudaStreamDestroy(s_);
+  ~unique_handle() {
+    if (h_ != nullptr) Destroy(h_);
   }
-  cudaStream_t get() const noexcept { return s_; }
+  Handle get() const noexcept { return h_; }
 
  private:
-  cudaStream_t s_ = nullptr;
+  Handle h_ = nullptr;
 };
 
-class event_handle {
- public:
-  event_handle() = default;
-  static event_handle make() {
-    event_handle h;
-    ETUDE_CUDA_CHECK(cudaEventCreateWithFlags(&h.e_, cudaEventDisableTiming));
-    return h;
-  }
-  event_handle(event_handle&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  event_handle& operator=(event_handle&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  ~event_handle() {
-    if (e_ != nullptr) cudaEventDestroy(e_);
-  }
-  cudaEvent_t get() const noexcept { return e_; }
+using stream_handle = unique_handle<cudaStream_t, cudaStreamDestroy>;
+using event_handle = unique_handle<cudaEvent_t, cudaEventDestroy>;
+using graph_exec = unique_handle<cudaGraphExec_t, cudaGraphExecDestroy>;
 
- private:
-  cudaEvent_t e_ = nullptr;
-};
-
-class graph_exec {
- public:
-  graph_exec() = default;
-  explicit graph_exec(cudaGraphExec_t g) : g_(g) {}
-  graph_exec(graph_exec&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
-  graph_exec& operator=(graph_exec&& o) noexcept {
-    std::swap(g_, o.g_);
-    return *this;
-  }
-  ~graph_exec() {
-    if (g_ != nullptr) cudaGraphExecDestroy(g_);
-  }
-  cudaGraphExec_t get() const noexcept { return g_; }
-
- private:
-  cudaGraphExec_t g_ = nullptr;
-};
+inline stream_handle make_stream(unsigned flags) {
+  cudaStream_t s = nullptr;
+  ETUDE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, flags));
+  return stream_handle(s);
+}
+inline event_handle make_event() {
+  cudaEvent_t e = nullptr;
+  ETUDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return event_handle(e);
+}
 
 // The context of a device, with a clear error when there is none.
 inline int checked_device(int device) {
@@ -126,10 +103,10 @@ class step_executor<backend::cuda> {
 
   explicit step_executor(int device = -1) : ctx_(cuda::detail::checked_device(device)) {
     cuda::scope sc(ctx_);
-    copy_stream_ = cuda::detail::stream_handle(cudaStreamNonBlocking);
+    copy_stream_ = cuda::detail::make_stream(cudaStreamNonBlocking);
     for (input_slot& in : slots_) {
-      in.copied = cuda::detail::event_handle::make();
-      in.released = cuda::detail::event_handle::make();
+      in.copied = cuda::detail::make_event();
+      in.released = cuda::detail::make_event();
     }
   }
   step_executor(const step_executor&) = delete;
@@ -142,6 +119,7 @@ class step_executor<backend::cuda> {
 
   cuda::scope enter() { return cuda::scope(ctx_); }
   cuda::context& context() { return ctx_; }
+  const cuda::context& context() const { return ctx_; }
 
   // Host ↔ device copies of the training state (between steps; they wait).
   template <class T>
@@ -221,8 +199,7 @@ class step_executor<backend::cuda> {
   // Lays a batch's `parts` regions out into a slot's pinned memory (fill(part, dst)) and starts
   // their copy to the device on the copy stream. pending: staged ahead by a prefetch, for the next
   // step with the same batch. Returns the slot.
-  template <class Fill>
-  int stage(const batch_view& batch, int parts, index_t part_bytes, Fill&& fill, bool pending) {
+  int stage(const batch_view& batch, int parts, index_t part_bytes, input_fill fill, bool pending) {
     const int s = free_slot();
     input_slot& in = slots_[static_cast<std::size_t>(s)];
     const index_t bytes = parts * part_bytes;
@@ -239,18 +216,19 @@ class step_executor<backend::cuda> {
       in.device = cuda::device_buffer<unsigned char>(bytes);
     }
     for (int p = 0; p < parts; ++p) fill(p, reinterpret_cast<std::byte*>(in.host.data() + p * part_bytes));
-    in.valid = true;
     in.pending = pending;
     in.staged_at = ++staged_count_;
     in.part_bytes = part_bytes;
     in.bytes = bytes;
-    in.batch = batch.batch;
-    in.frames = batch.frames;
-    in.codebooks = batch.codebooks;
-    const auto n = static_cast<std::size_t>(batch.batch * batch.codebooks * batch.frames);
-    in.tokens.assign(batch.tokens, batch.tokens + n);
-    if (batch.mask != nullptr) in.mask.assign(batch.mask, batch.mask + n);
-    else in.mask.clear();
+    if (pending) {  // what pending_slot() matches the next step's batch against
+      in.batch = batch.batch;
+      in.frames = batch.frames;
+      in.codebooks = batch.codebooks;
+      const auto n = static_cast<std::size_t>(batch.batch * batch.codebooks * batch.frames);
+      in.tokens.assign(batch.tokens, batch.tokens + n);
+      if (batch.mask != nullptr) in.mask.assign(batch.mask, batch.mask + n);
+      else in.mask.clear();
+    }
     // ...and the last step reading the device slot must be done before the copy overwrites it
     ETUDE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), in.released.get(), 0));
     ETUDE_CUDA_CHECK(cudaMemcpyAsync(in.device.data(), in.host.data(), static_cast<std::size_t>(bytes),
@@ -317,7 +295,6 @@ class step_executor<backend::cuda> {
     cuda::device_buffer<unsigned char> device;
     cuda::detail::event_handle copied;    // the host-to-device copy of the staged batch is done
     cuda::detail::event_handle released;  // the last step that read `device` is done
-    bool valid = false;
     bool pending = false;  // staged by a prefetch and not yet stepped
     long staged_at = 0;
     index_t part_bytes = 0, bytes = 0, batch = 0, frames = 0;
@@ -335,7 +312,7 @@ class step_executor<backend::cuda> {
   static constexpr std::size_t max_graphs = 8;
 
   static bool holds(const input_slot& in, const batch_view& b) {
-    if (!in.valid || in.batch != b.batch || in.frames != b.frames || in.codebooks != b.codebooks ||
+    if (in.batch != b.batch || in.frames != b.frames || in.codebooks != b.codebooks ||
         b.tokens == nullptr)
       return false;
     const auto n = static_cast<std::size_t>(b.batch * b.codebooks * b.frames);

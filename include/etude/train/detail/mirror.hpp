@@ -52,8 +52,9 @@ class mirrored {
   }
   void sync_to_device(Exec& e) {
     if constexpr (!Exec::host_resident) {
-      if (state_ == host_newer) e.upload(dev_.data(), host_.data(), dev_.size());
-      if (state_ == host_newer) state_ = in_sync;
+      if (state_ != host_newer) return;
+      e.upload(dev_.data(), host_.data(), dev_.size());
+      state_ = in_sync;
     }
   }
 

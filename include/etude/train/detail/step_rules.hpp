@@ -1,7 +1,6 @@
-// The rules of a training step that do not depend on where it runs, shared by etude::trainer
-// (host memory) and etude::cuda::trainer (device memory): hyperparameter validation, the
-// initial weights, the statistics a step reports, the clip coefficient, the dynamic loss scaler
-// and the non-finite error message. One copy, so the two trainers cannot drift apart.
+// The host-side rules of a training step: hyperparameter validation, the initial weights, the
+// loss weights, the statistics a step reports, the dynamic loss scaler and the non-finite error
+// message. (The clip decision is an op, taken where the step runs: ops/step_control.hpp.)
 // Not for: anything that touches tensors on a device.
 #pragma once
 
@@ -108,16 +107,6 @@ void apply_mean_of_means(eval_stats& st, const std::vector<double>& means) {
     st.ce += means[ku] / K;
   }
   st.ppl = std::exp(st.ce);
-}
-
-// The factor applied to the gradients: max_norm / (norm + 1e-6) when that is below 1, else 1
-// (0 disables clipping).
-inline double clip_coefficient(const hyper& h, double grad_norm) {
-  if (h.clip_norm > 0.0) {
-    const double coef = h.clip_norm / (grad_norm + 1e-6);
-    if (coef < 1.0) return coef;
-  }
-  return 1.0;
 }
 
 // Dynamic loss scaling: backoff and a counted skip after an overflow, growth after

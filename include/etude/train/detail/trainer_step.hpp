@@ -57,10 +57,10 @@ void trainer<Config, Backend>::reserve_shape(index_t nb, index_t steps) {
 }
 
 // Pattern sequences and targets of examples [b0, b0 + nb) at `out` (the seq region, then the
-// target region, as step_workspace lays them out).
+// target region, as step_workspace lays them out), under the pattern plan of b's length.
 template <class Config, class Backend>
-void trainer<Config, Backend>::lay_out(const batch_view& b, const pattern_plan& plan, index_t b0, index_t nb,
-                                       std::byte* out) const {
+void trainer<Config, Backend>::lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out) const {
+  const pattern_plan& plan = plan_;
   const index_t steps = plan.steps, rows = nb * steps;
   const auto sz = workspace_layout::sizes(nb, steps, threads());
   auto* seq = reinterpret_cast<token_t*>(out);
@@ -74,18 +74,22 @@ void trainer<Config, Backend>::lay_out(const batch_view& b, const pattern_plan& 
       }
 }
 
-// Checks a training batch (etude::trainer's messages), counts its valid targets and stages its
-// microbatches with the executor; returns the input slot.
+// Stages `batch` with the executor in parts of `chunk` examples (the plan of its length made
+// first); returns the input slot.
+template <class Config, class Backend>
+int trainer<Config, Backend>::stage_parts(const batch_view& batch, index_t chunk, bool pending) {
+  const pattern_plan& plan = plan_for(batch.frames);
+  const auto sz = workspace_layout::sizes(chunk, plan.steps, threads());
+  input_ = {this, batch, chunk};
+  return exec_.stage(batch, static_cast<int>((batch.batch + chunk - 1) / chunk), sz.seq + sz.target,
+                     input_fill(input_), pending);
+}
+
+// Checks a training batch (etude::trainer's messages) and stages its microbatches.
 template <class Config, class Backend>
 int trainer<Config, Backend>::stage_training_batch(const batch_view& batch, bool pending) {
   check_batch<model>(batch, true, microbatches);
-  const pattern_plan& plan = plan_for(batch.frames);
-  if (!pending) counts_ = count_step_tokens(batch, plan, microbatches, Config::norm);
-  const index_t nb = batch.batch / microbatches;
-  const auto sz = workspace_layout::sizes(nb, plan.steps, threads());
-  return exec_.stage(
-      batch, microbatches, sz.seq + sz.target,
-      [this, &batch, &plan, nb](int m, std::byte* dst) { lay_out(batch, plan, m * nb, nb, dst); }, pending);
+  return stage_parts(batch, batch.batch / microbatches, pending);
 }
 
 // The host's half of a step: the scalars the step reads, written before it runs.
@@ -144,7 +148,6 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
 template <class Config, class Backend>
 void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool update) {
   reserve_shape(nb, steps);
-  note_memory(workspace_layout::sizes(nb, steps, threads()).total());
   exec_.run(slot, nb, steps, update, [&] { enqueue(slot, nb, steps, update); });
   grads_.device_changed();
   if constexpr (policy::has_master) working_.device_changed();
