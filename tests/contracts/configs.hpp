@@ -1,0 +1,17 @@
+// The configurations the trainer contracts (tests/contracts/trainer.hpp) run, on every backend.
+// Small, and within what the CUDA backend accepts (head dimension 64, card a multiple of 8), so
+// the same types instantiate on the CPU (tests/unit/trainer_contracts.cpp) and on a GPU
+// (tests/gpu/trainer_contracts_device.cu). Plain configuration headers only: nvcc includes this.
+#pragma once
+
+#include <etude/config/pattern.hpp>
+#include <etude/config/shape.hpp>
+#include <etude/config/train_config.hpp>
+#include <etude/model/model.hpp>
+
+inline constexpr etude::shape contract_shape{.codebooks = 4, .card = 16, .dim = 128, .heads = 2, .layers = 2,
+                                             .max_len = 64};
+using contract_lm = etude::model<contract_shape, etude::pattern::delay<0, 1, 2, 3>>;
+using contract_adamw = etude::train_config<contract_lm, etude::accumulate<2>>;
+using contract_sgd = etude::train_config<contract_lm, etude::optim::sgd<true>, etude::schedule::constant>;
+using contract_fp16 = etude::train_config<contract_lm, etude::precision::fp16>;
