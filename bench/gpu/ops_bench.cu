@@ -82,13 +82,15 @@ void attention_bench(const char* tag, index_t batch, index_t steps, int heads, i
   flops_line("attention_fwd " + shape,
              time_ms([&] { be::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, hd); }), fwd);
   // model FLOPs of the backward: 2.5× the forward (5 products), whatever the kernels recompute
+  // the model's call passes the forward's output (delta = dO·O); without it the kernels recompute
   flops_line("attention_bwd " + shape, time_ms([&] {
-               be::attention_bwd(dqkv.data(), datt.data(), qkv.data(), lse.data(), batch, steps, heads, hd);
+               be::attention_bwd(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads,
+                                 hd);
              }),
              2.5 * fwd);
-  flops_line("attention_bwd_with_output " + shape, time_ms([&] {
-               be::attention_bwd_with_output(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), batch,
-                                             steps, heads, hd);
+  flops_line("attention_bwd without O " + shape, time_ms([&] {
+               be::attention_bwd(dqkv.data(), datt.data(), static_cast<const T*>(nullptr), qkv.data(), lse.data(),
+                                 batch, steps, heads, hd);
              }),
              2.5 * fwd);
 }
@@ -163,8 +165,11 @@ void memory_bench(const char* tag, index_t rows, index_t dim, index_t card, int 
   cu::upload(dtgt.data(), tgt.data(), rows);
   cu::device_buffer<double> loss(1);
   cu::fill_zero(loss.data(), 1);
-  bytes_line(std::string("softmax_xent_async ") + tag + " C" + std::to_string(card), time_ms([&] {
-               be::softmax_xent_async(logits.data(), dtgt.data(), rows, card, 1e-3, loss.data());
+  const float weight = 1e-3f;
+  cu::device_buffer<float> dweight(1);
+  cu::upload(dweight.data(), &weight, 1);
+  bytes_line(std::string("softmax_xent ") + tag + " C" + std::to_string(card), time_ms([&] {
+               be::softmax_xent(logits.data(), dtgt.data(), rows, card, dweight.data(), loss.data());
              }),
              2.0 * rows * card * s);
 
@@ -219,7 +224,7 @@ void optimiser_bench(index_t params) {
                                 dfactor.data(), dgo.data(), working.data());
              }),
              static_cast<double>(params) * (4 * 2 * 3 + 4 + 2));
-  bytes_line("sum_squares_async fp32", time_ms([&] { be::sum_squares_async(grad.data(), params, ss.data()); }),
+  bytes_line("sum_squares fp32", time_ms([&] { be::sum_squares(grad.data(), params, ss.data()); }),
              4.0 * params);
 }
 

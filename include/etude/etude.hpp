@@ -22,7 +22,7 @@
 #include "etude/model/params.hpp"
 #include "etude/model/pattern_plan.hpp"
 #include "etude/model/transformer.hpp"
-#include "etude/backend/op_set.hpp"
+#include "etude/ops/op_set.hpp"
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/backend/cpu/executor.hpp"
 #include "etude/core/batch.hpp"

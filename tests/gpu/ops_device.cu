@@ -200,20 +200,24 @@ double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, in
   return dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     auto dt = tokens_to_device(target);
-    // the async form twice into one device double (accumulates), then the synchronous form
+    // weight 0 first (the loss alone, the logits left), then the weight: the loss accumulates into
+    // one device double, so it holds twice the first sum
     auto dl = to_device<T>(logits);
+    const float weights[2] = {0.0f, weight};
+    cu::device_buffer<float> dw(2);
+    cu::upload(dw.data(), weights, 2);
     cu::device_buffer<double> loss(1);
     ETUDE_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(double), s.ctx.stream()));
-    backend_t::softmax_xent_async(dl.data(), dt.data(), rows, card, 0.0, loss.data());
-    backend_t::softmax_xent_async(dl.data(), dt.data(), rows, card, 0.0, loss.data());
-    double twice = 0.0;
+    backend_t::softmax_xent(dl.data(), dt.data(), rows, card, dw.data(), loss.data());
+    double once = 0.0, twice = 0.0;
+    cu::download(&once, loss.data(), 1);
+    backend_t::softmax_xent(dl.data(), dt.data(), rows, card, dw.data() + 1, loss.data());
     cu::download(&twice, loss.data(), 1);
-    const double total = backend_t::softmax_xent(dl.data(), dt.data(), rows, card, weight);
-    if (twice != 2.0 * total)
-      throw etude::error("softmax_xent: the async sum (" + std::to_string(twice / 2) + ") differs from the synchronous one (" +
-                         std::to_string(total) + ")");
+    if (twice != 2.0 * once)
+      throw etude::error("softmax_xent: the second sum (" + std::to_string(twice - once) + ") differs from the first (" +
+                         std::to_string(once) + ") or did not accumulate");
     logits = to_host(dl);
-    return total;
+    return once;
   });
 }
 
@@ -221,7 +225,13 @@ double sum_squares(dtype t, const vec& x) {
   session s;
   return dispatch(t, [&](auto tag) {
     auto d = to_device<decltype(tag)>(x);
-    return backend_t::sum_squares(d.data(), d.size());
+    const double stale = 7.0;  // the op writes its result, it does not add to it
+    cu::device_buffer<double> out(1);
+    cu::upload(out.data(), &stale, 1);
+    backend_t::sum_squares(d.data(), d.size(), out.data());
+    double host = 0.0;
+    cu::download(&host, out.data(), 1);
+    return host;
   });
 }
 

@@ -53,16 +53,17 @@ struct attn_fwd_out {
   vec att, lse;
 };
 attn_fwd_out attention_fwd(dtype t, const vec& qkv, index_t batch, index_t steps, int heads, index_t head_dim);
-// att non-empty: the variant that takes the forward's output.
+// att: the forward's output (the model's call), or empty: the row terms recomputed (nullptr).
 vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, const vec& att, index_t batch,
                   index_t steps, int heads, index_t head_dim);
 
 vec gelu_fwd(dtype t, const vec& x);
 vec gelu_bwd(dtype t, const vec& dy, const vec& x);
 
-// logits in/out; returns the summed loss (and checks the async form agrees bit for bit).
+// logits in/out; returns the summed loss (and checks that a second call accumulates the same sum).
 double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, index_t card, float weight);
 
+// through a device double holding a stale value (the op writes, not adds)
 double sum_squares(dtype t, const vec& x);
 bool all_finite(dtype t, const vec& x);
 

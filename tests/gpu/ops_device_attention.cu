@@ -30,13 +30,9 @@ vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, cons
     auto dl = to_device<float>(lse);
     // garbage in dqkv: the op must overwrite every element
     auto dqkv = to_device<T>(vec(qkv.size(), 12345.0f));
-    if (att.empty()) {
-      backend_t::attention_bwd(dqkv.data(), dd.data(), dq.data(), dl.data(), batch, steps, heads, head_dim);
-    } else {
-      auto da = to_device<T>(att);
-      backend_t::attention_bwd_with_output(dqkv.data(), dd.data(), da.data(), dq.data(), dl.data(), batch, steps,
-                                           heads, head_dim);
-    }
+    auto da = to_device<T>(att);
+    backend_t::attention_bwd(dqkv.data(), dd.data(), att.empty() ? nullptr : da.data(), dq.data(), dl.data(), batch,
+                             steps, heads, head_dim);
     return to_host(dqkv);
   });
 }

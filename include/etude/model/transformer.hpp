@@ -15,6 +15,8 @@
 #include "etude/core/types.hpp"
 #include "etude/model/activations.hpp"
 #include "etude/model/params.hpp"
+#include "etude/ops/gemm.hpp"
+#include "etude/ops/layernorm.hpp"
 
 namespace etude {
 
@@ -113,14 +115,15 @@ struct transformer {
     Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws.gemm);
   }
 
-  // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (S, D).
+  // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (S, D). The scratch is
+  // free during the forward (the heads write it after).
   static void forward(const W* p, std::byte* saved, std::byte* work, const token_t* seq, const F* pos, index_t batch,
-                      index_t steps, const workspace& ws) {
+                      index_t steps, const scratch_t& scratch, const workspace& ws) {
     const index_t rows = batch * steps;
     const W* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
     Backend::embedding_fwd(layer_at(saved, work, 0, rows).x_in, seq, tables, pos, batch, K, steps, D);
-    for (int l = 0; l < S.layers; ++l) layer_forward(p, l, layer_at(saved, work, l, rows), batch, steps, ws, true);
+    for (int l = 0; l < S.layers; ++l) layer_forward(p, l, layer_at(saved, work, l, rows), batch, steps, scratch.dh, ws, true);
     Backend::layernorm_fwd(final_at<A>(saved, final_slot::lnf, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), final_at<A>(saved, final_slot::x_out, rows),
                            param(p, param_kind::out_norm_weight), param(p, param_kind::out_norm_bias), rows, D);
@@ -128,9 +131,14 @@ struct transformer {
 
   // One layer's forward from a.x_in. With all = true every slot and the output are written (the
   // forward pass); with all = false only the slots the checkpoint policy did not keep (backward's
-  // recomputation: the same ops on the same inputs, so the same bits).
-  static void layer_forward(const W* p, int l, const layer_view& a, index_t batch, index_t steps, const workspace& ws,
-                            bool all) {
+  // recomputation: the same ops on the same inputs, so the same bits). Where the backend fuses the
+  // residual add into the LayerNorm (ops/layernorm.hpp), the output projection goes to `free_rows`
+  // (rows·D values nothing else holds at this point) and the fused op writes x_mid and ln2 and its
+  // statistics (any of them kept are rewritten with the bits they hold); elsewhere the residual
+  // stays in the product (beta 1). Where the backend fuses the GELU epilogue (ops/gemm.hpp),
+  // gemm_gelu writes ffn_pre and ffn_act when both are wanted.
+  static void layer_forward(const W* p, int l, const layer_view& a, index_t batch, index_t steps, A* free_rows,
+                            const workspace& ws, bool all) {
     const index_t rows = batch * steps;
     auto need = [&](layer_slot s) { return all || !layout::kept(s, l); };
     if (need(layer_slot::ln1) || need(layer_slot::ln1_mean) || need(layer_slot::ln1_rstd))
@@ -141,16 +149,29 @@ struct transformer {
     if (need(layer_slot::att) || need(layer_slot::att_lse))
       Backend::attention_fwd(a.att, a.att_lse, a.qkv, batch, steps, S.heads, S.head_dim(), ws.attention,
                              ws.attention_size);
-    if (need(layer_slot::x_mid)) {
-      Backend::copy(a.x_mid, a.x_in, rows * D);
-      mm(ws, false, true, rows, D, D, 1.0, a.att, D, param(p, param_kind::out_proj, l), D, 1.0, a.x_mid, D);
+    const bool ln2 = need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd);
+    const W* out_proj = param(p, param_kind::out_proj, l);
+    if (need(layer_slot::x_mid) && ops::fuses_residual_layernorm<Backend>) {
+      mm(ws, false, true, rows, D, D, 1.0, a.att, D, out_proj, D, 0.0, free_rows, D);
+      Backend::residual_layernorm_fwd(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, free_rows,
+                                      param(p, param_kind::norm2_weight, l), param(p, param_kind::norm2_bias, l),
+                                      rows, D);
+    } else {
+      if (need(layer_slot::x_mid)) {
+        Backend::copy(a.x_mid, a.x_in, rows * D);
+        mm(ws, false, true, rows, D, D, 1.0, a.att, D, out_proj, D, 1.0, a.x_mid, D);
+      }
+      if (ln2)
+        Backend::layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, param(p, param_kind::norm2_weight, l),
+                               param(p, param_kind::norm2_bias, l), rows, D);
     }
-    if (need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd))
-      Backend::layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, param(p, param_kind::norm2_weight, l),
-                             param(p, param_kind::norm2_bias, l), rows, D);
-    if (need(layer_slot::ffn_pre))
-      mm(ws, false, true, rows, FF, D, 1.0, a.ln2, D, param(p, param_kind::ffn_up, l), D, 0.0, a.ffn_pre, FF);
-    if (need(layer_slot::ffn_act)) Backend::gelu_fwd(a.ffn_act, a.ffn_pre, rows * FF);
+    const W* ffn_up = param(p, param_kind::ffn_up, l);
+    if (need(layer_slot::ffn_pre) && need(layer_slot::ffn_act) && ops::fuses_gemm_gelu<Backend>) {
+      Backend::gemm_gelu(false, true, rows, FF, D, a.ln2, D, ffn_up, D, a.ffn_pre, a.ffn_act, FF, ws.gemm);
+    } else {
+      if (need(layer_slot::ffn_pre)) mm(ws, false, true, rows, FF, D, 1.0, a.ln2, D, ffn_up, D, 0.0, a.ffn_pre, FF);
+      if (need(layer_slot::ffn_act)) Backend::gelu_fwd(a.ffn_act, a.ffn_pre, rows * FF);
+    }
     if (all) {
       Backend::copy(a.x_out, a.x_mid, rows * D);
       mm(ws, false, true, rows, D, FF, 1.0, a.ffn_act, FF, param(p, param_kind::ffn_down, l), FF, 1.0, a.x_out, D);
@@ -189,7 +210,9 @@ struct transformer {
                            D);
     for (int l = S.layers - 1; l >= 0; --l) {
       const layer_view a = layer_at(saved, work, l, rows);
-      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, steps, ws, false);
+      // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
+      // write it before they read it
+      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, steps, dh, ws, false);
       mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
       mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
       Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
@@ -199,7 +222,7 @@ struct transformer {
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
       mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
-      Backend::attention_bwd(dqkv, dh, a.qkv, a.att_lse, batch, steps, S.heads, S.head_dim(), ws.attention,
+      Backend::attention_bwd(dqkv, dh, a.att, a.qkv, a.att_lse, batch, steps, S.heads, S.head_dim(), ws.attention,
                              ws.attention_size);
       mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, param(g, param_kind::qkv, l), D);
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);

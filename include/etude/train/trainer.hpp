@@ -2,7 +2,7 @@
 // (parameters, gradients, optimiser state, step count, loss scaler) and runs AudioCraft's MusicGen
 // training step on it: pattern → forward → per-codebook cross-entropy → backward (over
 // accumulate<N> microbatches) → global-norm clip → optimiser with schedule → clear gradients →
-// statistics. The step body is written once against the op set (backend/op_set.hpp); how it runs
+// statistics. The step body is written once against the op set (ops/op_set.hpp); how it runs
 // is the backend's step executor (ops/step_executor.hpp): eagerly on the CPU, eagerly or as a
 // replayed CUDA graph on a GPU. Per-step values (loss weights, the optimiser's scalars, the clip
 // limits) are written by the host into the executor's control block before a step and read where
@@ -28,7 +28,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/op_set.hpp"
+#include "etude/ops/op_set.hpp"
 #include "etude/config/train_config.hpp"
 #include "etude/core/arena.hpp"
 #include "etude/core/batch.hpp"
@@ -229,7 +229,7 @@ class trainer {
 template <class Config, class Backend>
 trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_(device) {
   static_assert(backend_op_set<Backend, policy>,
-                "the backend does not implement etude's op set for this precision policy (see backend/op_set.hpp)");
+                "the backend does not implement etude's op set for this precision policy (see ops/op_set.hpp)");
   if constexpr (requires { Backend::template accepts<Config>(); }) static_assert(Backend::template accepts<Config>());
   detail::validate_hyper<Config>(h);
   [[maybe_unused]] const auto guard = exec_.enter();
@@ -337,7 +337,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
       used = std::max(used, sz.total());
       const microbatch_workspace w = carve(nb, steps);
       exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.seq + sz.target);
-      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.ops);
+      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops);
       for (int k = 0; k < K; ++k)
         net::head(weights(), grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
                   &control_.scalars()->zero_weight, &r->loss[k], false, w.ops);

@@ -1,17 +1,18 @@
-// The CUDA backend: etude's op set (backend/op_set.hpp) on one GPU, with the CPU backend's
-// static op names, argument order and semantics (what accumulates with +=, what is in place), so
-// `transformer<Model, backend::cuda, T>` can be instantiated in a user's .cu file. Every op runs on
-// the calling thread's current context (context.cuh: `cuda::context ctx; cuda::scope s(ctx);`),
-// takes device pointers and returns without synchronising, except the three that return a value
-// to the host (softmax_xent, sum_squares, all_finite), whose *_async forms leave it on the device.
+// The CUDA backend: etude's op set (ops/op_set.hpp, one spec per op) on one GPU, one file per op
+// (backend/cuda/<op>.cuh) gathered here under the spec's names, argument order and semantics (what
+// accumulates with +=, what is in place), so `transformer<Model, backend::cuda, T>` can be
+// instantiated in a user's .cu file. Every op runs on the calling thread's current context
+// (context.cuh: `cuda::context ctx; cuda::scope s(ctx);`), takes device pointers and returns
+// without synchronising, except all_finite, which returns its answer to the host.
 // Storage types: float, etude::bf16, etude::fp16 (compute in float); LayerNorm statistics and the
 // attention log-sum-exp are float whatever the storage type.
 // Differences from backend::cpu, all deliberate:
 //   - attention_scratch() is 0: the kernels need no scratch beyond the context's;
-//   - gemm_gelu is a product followed by an exact-erf GELU pass: cuBLASLt's GELU epilogue is the
-//     tanh approximation, which the model (AudioCraft: exact erf) cannot use;
-//   - residual_layernorm_fwd, attention_bwd_with_output and the *_async reductions extend the op
-//     set for a step without host synchronisation;
+//   - it declares both fusions: residual_layernorm_fwd reads x and r once and writes x_mid and y in
+//     one pass; gemm_gelu is today a product followed by a row-wise exact-erf GELU pass (cuBLASLt's
+//     GELU epilogue is the tanh approximation, which the model, AudioCraft's exact erf, cannot
+//     use), declared so that a custom epilogue lands without touching the model;
+//   - attention_bwd takes the row terms dO·O from the forward's output instead of recomputing them;
 //   - gemm takes operands of one storage type (C: that type or float) and ignores the workspace
 //     argument (cuBLASLt's workspace belongs to the context).
 // Names: the op set is the struct etude::backend::cuda; the machinery under it (context, scope,
@@ -28,7 +29,8 @@
 #include "etude/backend/cuda/embedding.cuh"
 #include "etude/backend/cuda/gemm.cuh"
 #include "etude/backend/cuda/layernorm.cuh"
-#include "etude/backend/cuda/optim.cuh"
+#include "etude/backend/cuda/adamw.cuh"
+#include "etude/backend/cuda/sgd.cuh"
 #include "etude/backend/cuda/reduce.cuh"
 #include "etude/backend/cuda/softmax_xent.cuh"
 #include "etude/backend/cuda/step_control.cuh"
@@ -90,9 +92,10 @@ struct cuda {
                         c, ldc);
   }
   // pre(m, n) = op(A)·op(B); act = GELU(pre) (exact erf), both with leading dimension ldc.
+  static constexpr bool fuses_gemm_gelu = true;
   template <class TA, class TB, class TC>
   static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
-                        const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc) {
+                        const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc, float* /*workspace*/ = nullptr) {
     ::etude::cuda::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc);
     ::etude::cuda::gelu_rows(act, pre, m, n, ldc);
   }
@@ -130,6 +133,7 @@ struct cuda {
                             index_t dim) {
     ::etude::cuda::layernorm_fwd(y, mean, rstd, x, gamma, beta, rows, dim);
   }
+  static constexpr bool fuses_residual_layernorm = true;
   template <class Y, class X, class W>
   static void residual_layernorm_fwd(X* x_mid, Y* y, float* mean, float* rstd, const X* x, const X* r, const W* gamma,
                                      const W* beta, index_t rows, index_t dim) {
@@ -151,15 +155,11 @@ struct cuda {
                             index_t head_dim, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
     ::etude::cuda::attention_fwd(att, lse, qkv, batch, steps, heads, head_dim);
   }
+  // att: the forward's output, whose rows give delta = dO·O directly (nullptr: recomputed).
   template <class A>
-  static void attention_bwd(A* dqkv, const A* datt, const A* qkv, const float* lse, index_t batch, index_t steps,
-                            int heads, index_t head_dim, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
-    ::etude::cuda::attention_bwd(dqkv, datt, static_cast<const A*>(nullptr), qkv, lse, batch, steps, heads, head_dim);
-  }
-  // With the forward's output kept: delta = dO·O directly instead of re-running the forward.
-  template <class A>
-  static void attention_bwd_with_output(A* dqkv, const A* datt, const A* att, const A* qkv, const float* lse,
-                                        index_t batch, index_t steps, int heads, index_t head_dim) {
+  static void attention_bwd(A* dqkv, const A* datt, const A* att, const A* qkv, const float* lse, index_t batch,
+                            index_t steps, int heads, index_t head_dim, void* /*scratch*/ = nullptr,
+                            index_t /*scratch_size*/ = 0) {
     ::etude::cuda::attention_bwd(dqkv, datt, att, qkv, lse, batch, steps, heads, head_dim);
   }
 
@@ -173,43 +173,21 @@ struct cuda {
     ::etude::cuda::gelu_bwd(dy, x, n);
   }
 
-  // ---- loss -------------------------------------------------------------------------------------------------
-  template <class L>
-  static double softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, double weight) {
-    return ::etude::cuda::softmax_xent(logits, target, rows, card, static_cast<float>(weight));
-  }
-  // The step's form: weight and *loss in device memory (ops/step_control.hpp's scalars and results).
+  // ---- loss (weight and *loss in device memory: the step's scalars and results) ----------------------------
   template <class L>
   static void softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, const float* weight,
                            double* loss) {
-    ::etude::cuda::softmax_xent_weighted_async(logits, target, rows, card, weight, loss);
-  }
-  template <class L>
-  static void softmax_xent_async(L* logits, const token_t* target, index_t rows, index_t card, double weight,
-                                 double* loss) {
-    ::etude::cuda::softmax_xent_async(logits, target, rows, card, static_cast<float>(weight), loss);
+    ::etude::cuda::softmax_xent(logits, target, rows, card, weight, loss);
   }
 
   // ---- reductions -----------------------------------------------------------------------------------------
   template <class T>
-  static double sum_squares(const T* x, index_t n) {
-    return ::etude::cuda::sum_squares(x, n);
-  }
-  template <class T>
   static void sum_squares(const T* x, index_t n, double* out) {
-    ::etude::cuda::sum_squares_async(x, n, out);
-  }
-  template <class T>
-  static void sum_squares_async(const T* x, index_t n, double* out) {
-    ::etude::cuda::sum_squares_async(x, n, out);
+    ::etude::cuda::sum_squares(x, n, out);
   }
   template <class T>
   static bool all_finite(const T* x, index_t n) {
     return ::etude::cuda::all_finite(x, n);
-  }
-  template <class T>
-  static void all_finite_async(const T* x, index_t n, int* bad) {
-    ::etude::cuda::all_finite_async(x, n, bad);
   }
 
   // ---- optimisers (the step's forms: scalars, gradient factor and skip flag in device memory) ----------------

@@ -1,10 +1,9 @@
-// Deterministic reductions over device arrays: the sum of squares (the global gradient norm²) and
-// the finiteness check of the loss scaler. Two passes for the sum: fixed chunks of `chunk`
+// Deterministic reductions over device arrays (spec: ops/reduce.hpp): the sum of squares (the
+// global gradient norm²) and the finiteness check. Two passes for the sum: fixed chunks of `chunk`
 // elements, at most `max_blocks` partials (both functions of n only), a fixed tree in each block,
 // then one block adds the partials in index order, all in double: the same bits on every run and
-// every device. The *_async forms leave the result in device memory so a step needs no host
-// synchronisation; the plain forms synchronise and return it (for tests and the op-set concept).
-// Not for: norms per tensor (call once per tensor, accumulating into one double).
+// every device. sum_squares leaves its result in device memory, so a step needs no host
+// synchronisation; all_finite synchronises and returns (the error report, off the step's path).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,14 +36,14 @@ __global__ void __launch_bounds__(Threads) sum_squares_partial(const D* x, index
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// *out += Σ partial[0 .. count), in a fixed order.
-template <int Threads>
+// *out (+)= Σ partial[0 .. count), in a fixed order: added with Accumulate, else written.
+template <int Threads, bool Accumulate>
 __global__ void __launch_bounds__(Threads) sum_partials(const double* partial, int count, double* out) {
   __shared__ double shared[32];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += Threads) acc += partial[i];
   acc = block_reduce<Threads>(acc, sum_op{}, shared);
-  if (threadIdx.x == 0) *out += acc;
+  if (threadIdx.x == 0) *out = Accumulate ? *out + acc : acc;
 }
 
 template <class D, int Unroll>
@@ -56,10 +55,13 @@ __global__ void non_finite_kernel(const D* x, index_t n, int* bad) {
 
 }  // namespace detail
 
-// *out += Σ x², deterministic; out is device memory.
+// *out = Σ x² in double, deterministic; out is device memory. No synchronisation.
 template <class T>
-void sum_squares_async(const T* x, index_t n, double* out) {
-  if (n <= 0) return;
+void sum_squares(const T* x, index_t n, double* out) {
+  if (n <= 0) {
+    ETUDE_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), current().stream()));
+    return;
+  }
   using tune = tuning<op::reduce, T>;
   context& ctx = current();
   const index_t chunks = (n + tune::chunk - 1) / tune::chunk;
@@ -68,21 +70,8 @@ void sum_squares_async(const T* x, index_t n, double* out) {
   detail::sum_squares_partial<device_t<T>, tune::threads, tune::chunk>
       <<<blocks, tune::threads, 0, ctx.stream()>>>(dev(x), n, partial);
   ETUDE_CUDA_CHECK_LAUNCH("sum_squares_partial");
-  detail::sum_partials<tune::threads><<<1, tune::threads, 0, ctx.stream()>>>(partial, blocks, out);
+  detail::sum_partials<tune::threads, false><<<1, tune::threads, 0, ctx.stream()>>>(partial, blocks, out);
   ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
-}
-
-// Σ x² in double; synchronises the stream.
-template <class T>
-double sum_squares(const T* x, index_t n) {
-  context& ctx = current();
-  device_buffer<double> out(1);
-  ETUDE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, sizeof(double), ctx.stream()));
-  sum_squares_async(x, n, out.data());
-  double host = 0.0;
-  ETUDE_CUDA_CHECK(cudaMemcpyAsync(&host, out.data(), sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
-  ctx.synchronize();
-  return host;
 }
 
 // Sets *bad (device int) to 1 when x holds a NaN or an infinity; never clears it, so several

@@ -3,8 +3,7 @@
 // row's loss lse − logit[target] (double) to a per-row slot, and, when weight ≠ 0, overwrites the
 // row in place with weight·(softmax − one-hot). Rows with target −1 (padding, pattern mask) add no
 // loss and become zero (left alone when weight = 0). The loss sum is deterministic: one block adds
-// the per-row values in a fixed order, in double. softmax_xent_weighted_async reads the weight from
-// device memory instead (a step replayed as a CUDA graph changes it between replays).
+// the per-row values in a fixed order, in double. Spec: ops/softmax_xent.hpp.
 // Not for: large vocabularies (a row is re-read from L2 three times).
 #pragma once
 
@@ -26,7 +25,7 @@ namespace detail {
 // Row blockIdx.x: its loss into row_loss, and with weight ≠ 0 the gradient in place.
 template <class D, int Threads>
 __device__ __forceinline__ void softmax_xent_row(D* logits, const token_t* target, index_t card, float weight,
-                                                 double* row_loss) {
+                                   double* row_loss) {
   __shared__ float shared[32];
   const index_t r = blockIdx.x;
   D* row = logits + r * card;
@@ -54,25 +53,21 @@ __device__ __forceinline__ void softmax_xent_row(D* logits, const token_t* targe
   }
 }
 
-template <class D, int Threads>
-__global__ void __launch_bounds__(Threads)
-    softmax_xent_kernel(D* logits, const token_t* target, index_t card, float weight, double* row_loss) {
-  softmax_xent_row<D, Threads>(logits, target, card, weight, row_loss);
-}
-
 // The weight read from device memory when the kernel runs.
 template <class D, int Threads>
 __global__ void __launch_bounds__(Threads)
-    softmax_xent_device_weight_kernel(D* logits, const token_t* target, index_t card, const float* weight,
-                                      double* row_loss) {
+    softmax_xent_kernel(D* logits, const token_t* target, index_t card, const float* weight,
+                        double* row_loss) {
   softmax_xent_row<D, Threads>(logits, target, card, *weight, row_loss);
 }
 
 }  // namespace detail
 
-// *loss += Σ rows' cross-entropy (device double); logits rewritten as above. No synchronisation.
+// *loss += Σ rows' cross-entropy; logits rewritten as above. weight and loss are device memory,
+// read and written when the kernels run: a step captured once as a CUDA graph changes its loss
+// normalisation and loss scale between replays. No synchronisation.
 template <class T>
-void softmax_xent_async(T* logits, const token_t* target, index_t rows, index_t card, float weight, double* loss) {
+void softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, const float* weight, double* loss) {
   detail::require(card > 0 && rows >= 0 && rows <= 0x7fffffff, "softmax_xent", "card must be positive, rows below 2^31");
   if (rows == 0) return;
   using tune = tuning<op::softmax_xent, T>;
@@ -81,38 +76,8 @@ void softmax_xent_async(T* logits, const token_t* target, index_t rows, index_t 
   detail::softmax_xent_kernel<device_t<T>, tune::threads>
       <<<static_cast<unsigned>(rows), tune::threads, 0, ctx.stream()>>>(dev(logits), target, card, weight, row_loss);
   ETUDE_CUDA_CHECK_LAUNCH("softmax_xent_kernel");
-  detail::sum_partials<256><<<1, 256, 0, ctx.stream()>>>(row_loss, static_cast<int>(rows), loss);
+  detail::sum_partials<256, true><<<1, 256, 0, ctx.stream()>>>(row_loss, static_cast<int>(rows), loss);
   ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
-}
-
-// softmax_xent_async with the weight in device memory, read when the kernel runs: a step captured
-// once as a CUDA graph changes its loss normalisation and loss scale between replays.
-template <class T>
-void softmax_xent_weighted_async(T* logits, const token_t* target, index_t rows, index_t card, const float* weight,
-                                 double* loss) {
-  detail::require(card > 0 && rows >= 0 && rows <= 0x7fffffff, "softmax_xent", "card must be positive, rows below 2^31");
-  if (rows == 0) return;
-  using tune = tuning<op::softmax_xent, T>;
-  context& ctx = current();
-  auto* row_loss = static_cast<double*>(ctx.scratch(sizeof(double) * static_cast<std::size_t>(rows)));
-  detail::softmax_xent_device_weight_kernel<device_t<T>, tune::threads>
-      <<<static_cast<unsigned>(rows), tune::threads, 0, ctx.stream()>>>(dev(logits), target, card, weight, row_loss);
-  ETUDE_CUDA_CHECK_LAUNCH("softmax_xent_device_weight_kernel");
-  detail::sum_partials<256><<<1, 256, 0, ctx.stream()>>>(row_loss, static_cast<int>(rows), loss);
-  ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
-}
-
-// The summed cross-entropy; synchronises the stream (the op-set form).
-template <class T>
-double softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, float weight) {
-  context& ctx = current();
-  device_buffer<double> loss(1);
-  ETUDE_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(double), ctx.stream()));
-  softmax_xent_async(logits, target, rows, card, weight, loss.data());
-  double host = 0.0;
-  ETUDE_CUDA_CHECK(cudaMemcpyAsync(&host, loss.data(), sizeof(double), cudaMemcpyDeviceToHost, ctx.stream()));
-  ctx.synchronize();
-  return host;
 }
 
 }  // namespace etude::cuda

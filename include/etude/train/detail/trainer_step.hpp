@@ -121,7 +121,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   const microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
     exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.seq + sz.target);
-    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.ops);
+    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops);
     for (int k = 0; k < K; ++k)
       net::head(weights(), grads, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
                 &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);

@@ -1,26 +1,20 @@
-// Fused optimiser updates on the current stream, one pass over the parameters, with the CPU
-// backend's signatures, formulas and operation order (PyTorch's AdamW and SGD), in the step's form
-// (backend/op_set.hpp): the optimiser's scalars (config/optim.hpp,
-// formed in double on the host), the gradient factor (clip coefficient / loss scale, written by
-// step_control) and a skip flag are device memory read when the kernel runs, so a step captured
-// once as a CUDA graph takes every later update from the same graph.
-//   adamw_update: g = grad · *grad_scale; decoupled weight decay p ← p(1 − lr·wd); moments rounded
-//     to their storage type before they move the weight (so a resumed run takes the same step);
-//     the fp32 master updated and the 16-bit working copy written from it in the same pass.
-//   sgd_update: SGD with momentum and optional Nesterov, likewise.
-// Not for: optimiser state allocation (the memory plan owns it).
+// The AdamW update on the current stream (spec: ops/adamw.hpp), one pass over the parameters with
+// the CPU backend's formula and operation order. The optimiser's scalars (formed in double on the
+// host), the gradient factor (clip coefficient / loss scale, written by step_control) and the skip
+// flag are device memory read when the kernel runs, so a step captured once as a CUDA graph takes
+// every later update from the same graph. The fp32 master is updated and the 16-bit working copy
+// written from it in the same pass. Not for: optimiser state allocation (the memory plan owns it).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <type_traits>
 
 #include "etude/backend/cuda/context.cuh"
-#include "etude/config/optim.hpp"
 #include "etude/backend/cuda/detail/common.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
+#include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::cuda {
@@ -67,55 +61,18 @@ __global__ void adamw_device_kernel(M* p, const G* grad, S* m, S* v, P* working,
   grid_stride<Unroll>(n, [&](index_t i) { adamw_element(i, p, grad, m, v, working, c, scale); });
 }
 
-template <class M, class G, class S, class P>
-__device__ __forceinline__ void sgd_element(index_t i, M* p, const G* grad, S* buf, P* working, float lr, float mu,
-                                            float wd, bool nesterov, bool first, float grad_scale) {
-  const float pi = to_float(p[i]);
-  const float g = to_float(grad[i]) * grad_scale + wd * pi;
-  const S bs = from_float<S>(first ? g : mu * to_float(buf[i]) + g);
-  buf[i] = bs;
-  const float b = to_float(bs);
-  const float next = pi - lr * (nesterov ? g + mu * b : b);
-  const M stored = from_float<M>(next);
-  p[i] = stored;
-  if (working != nullptr) working[i] = std::is_same_v<M, P> ? from_float<P>(to_float(stored)) : from_float<P>(next);
-}
-
-template <class M, class G, class S, class P, int Unroll>
-__global__ void sgd_device_kernel(M* p, const G* grad, S* buf, P* working, index_t n, const optim::sgd_scalars* cp,
-                                  const double* grad_scale, const int* skip) {
-  if (*skip != 0) return;
-  const optim::sgd_scalars c = *cp;
-  const float scale = static_cast<float>(*grad_scale);
-  const float lr = static_cast<float>(c.lr), mu = static_cast<float>(c.momentum), wd = static_cast<float>(c.weight_decay);
-  grid_stride<Unroll>(n, [&](index_t i) {
-    sgd_element(i, p, grad, buf, working, lr, mu, wd, c.nesterov != 0, c.first != 0, scale);
-  });
-}
-
 }  // namespace detail
 
 // All three pointers are device memory; nothing changes when *skip != 0.
 template <class M, class G, class S, class P = M>
 void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
-                         const double* grad_scale, const int* skip, P* working = nullptr) {
+                  const double* grad_scale, const int* skip, P* working = nullptr) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, M>;
   detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
       <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
           dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
   ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
-}
-
-template <class M, class G, class S, class P = M>
-void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
-                       const double* grad_scale, const int* skip, P* working = nullptr) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, M>;
-  detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
-          dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
-  ETUDE_CUDA_CHECK_LAUNCH("sgd_device_kernel");
 }
 
 }  // namespace etude::cuda

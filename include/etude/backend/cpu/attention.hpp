@@ -1,0 +1,192 @@
+// The CPU's causal self-attention (spec: ops/attention.hpp): per (sequence, head), query rows in
+// blocks against only the keys at or before the block's last row, the products through CBLAS in
+// the compute type; the backward recomputes the probabilities from q, k and lse.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_attention {
+  // Causal multi-head self-attention over packed qkv (B·S, 3D) → att (B·S, D) and the
+  // log-sum-exp of each score row, lse (B·S, H). Scores are 1/sqrt(hd)·q·k. Query rows go in
+  // blocks of `attention_rows`; a block only meets the keys at or before its last row, so the
+  // masked upper triangle is never computed (beyond the diagonal blocks). With 16-bit qkv each
+  // (sequence, head) is widened into the thread's slot first and its results rounded once.
+  static constexpr index_t attention_rows = 64;
+
+  // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
+  // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float.
+  static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
+    return 2 * attention_rows * steps + (staged ? 7 * steps * head_dim : 0);
+  }
+  static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
+    return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
+  }
+
+  template <class A, class St>
+  static void attention_fwd(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads,
+                            index_t head_dim, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+    using F = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, F>;
+    const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
+    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
+    if (scratch_size < slot)
+      throw error("cpu::attention_fwd: scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
+                  std::to_string(slot) + ")");
+#pragma omp parallel for schedule(static) num_threads(slots)
+    for (index_t bh = 0; bh < batch * heads; ++bh) {
+      const index_t b = bh / heads, h = bh % heads;
+      F* p = scratch + omp_get_thread_num() * slot;
+      const A* q = qkv + b * steps * ld + h * head_dim;
+      A* out = att + b * steps * d + h * head_dim;
+      St* l = lse + b * steps * heads + h;
+      if constexpr (!staged) {
+        attention_fwd_head(p, q, q + d, q + 2 * d, ld, out, d, l, heads, steps, head_dim);
+      } else {
+        F* qf = p + 2 * attention_rows * steps;
+        F* kf = qf + steps * head_dim;
+        F* vf = kf + steps * head_dim;
+        F* of = vf + steps * head_dim;
+        widen_head(qf, q, ld, steps, head_dim);
+        widen_head(kf, q + d, ld, steps, head_dim);
+        widen_head(vf, q + 2 * d, ld, steps, head_dim);
+        attention_fwd_head(p, qf, kf, vf, head_dim, of, head_dim, l, heads, steps, head_dim);
+        narrow_head(out, d, of, steps, head_dim);
+      }
+    }
+  }
+
+  // dqkv (B·S, 3D) = attention'(datt), recomputing the probabilities from q, k and lse, block by
+  // block of query rows; dK and dV accumulate over the blocks in order. att (the forward's output)
+  // is not read: the row terms dO·O come from P and dP here.
+  template <class DQ, class A, class St>
+  static void attention_bwd(DQ* dqkv, const A* datt, const A* /*att*/, const A* qkv, const St* lse, index_t batch,
+                            index_t steps, int heads, index_t head_dim, cpu_detail::compute_of<A>* scratch,
+                            index_t scratch_size) {
+    using F = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
+    const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
+    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
+    if (scratch_size < slot)
+      throw error("cpu::attention_bwd: scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
+                  std::to_string(slot) + ")");
+#pragma omp parallel for schedule(static) num_threads(slots)
+    for (index_t bh = 0; bh < batch * heads; ++bh) {
+      const index_t b = bh / heads, h = bh % heads;
+      F* p = scratch + omp_get_thread_num() * slot;
+      const A* q = qkv + b * steps * ld + h * head_dim;
+      const A* dout = datt + b * steps * d + h * head_dim;
+      DQ* dq = dqkv + b * steps * ld + h * head_dim;
+      const St* l = lse + b * steps * heads + h;
+      if constexpr (!staged) {
+        attention_bwd_head(p, q, q + d, q + 2 * d, ld, dout, d, dq, dq + d, dq + 2 * d, ld, l, heads, steps, head_dim);
+      } else {
+        const index_t n = steps * head_dim;
+        F* qf = p + 2 * attention_rows * steps;
+        F *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
+        widen_head(qf, q, ld, steps, head_dim);
+        widen_head(kf, q + d, ld, steps, head_dim);
+        widen_head(vf, q + 2 * d, ld, steps, head_dim);
+        widen_head(of, dout, d, steps, head_dim);
+        attention_bwd_head(p, qf, kf, vf, head_dim, of, head_dim, dqf, dkf, dvf, head_dim, l, heads, steps, head_dim);
+        narrow_head(dq, ld, dqf, steps, head_dim);
+        narrow_head(dq + d, ld, dkf, steps, head_dim);
+        narrow_head(dq + 2 * d, ld, dvf, steps, head_dim);
+      }
+    }
+  }
+
+ private:
+  // One head of one sequence: q, k, v rows with stride ld; out rows with stride ldo; lse with
+  // stride lse_ld. p: 2·attention_rows·steps of scratch.
+  template <class F, class O, class St>
+  static void attention_fwd_head(F* p, const F* q, const F* k, const F* v, index_t ld, O* out, index_t ldo, St* lse,
+                                 index_t lse_ld, index_t steps, index_t head_dim) {
+    const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
+    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+      // scores (rows, i1) against keys 0 .. i1-1, row stride i1
+      cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
+      for (index_t i = i0; i < i1; ++i) {
+        F* row = p + (i - i0) * i1;
+        F mx = row[0];
+        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        F sum = F(0.0);
+#pragma omp simd reduction(+ : sum)
+        for (index_t j = 0; j <= i; ++j) {
+          row[j] = cpu_detail::vexp(row[j] - mx);
+          sum += row[j];
+        }
+        const F inv = F(1.0) / sum;
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (index_t j = i + 1; j < i1; ++j) row[j] = F(0.0);
+        lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
+      }
+      cpu_detail::blas<F>(false, false, rows, head_dim, i1, F(1.0), p, i1, v, ld, F(0.0), out + i0 * ldo, ldo);
+    }
+  }
+
+  template <class F, class St>
+  static void attention_bwd_head(F* p, const F* q, const F* k, const F* v, index_t ld, const F* dout, index_t ldo,
+                                 F* dq, F* dk, F* dv, index_t ldd, const St* lse, index_t lse_ld, index_t steps,
+                                 index_t head_dim) {
+    const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
+    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
+    F* dp = p + attention_rows * steps;
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+      cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
+      cpu_detail::blas<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, i1);
+      for (index_t i = i0; i < i1; ++i) {
+        F* pr = p + (i - i0) * i1;
+        F* dr = dp + (i - i0) * i1;
+        const F l = static_cast<F>(lse[i * lse_ld]);
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+        F dot = F(0.0);
+#pragma omp simd reduction(+ : dot)
+        for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        for (index_t j = i + 1; j < i1; ++j) pr[j] = dr[j] = F(0.0);
+      }
+      // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
+      // i0 of dK and dV are first written by this block
+      if (i0 > 0) {
+        cpu_detail::blas<F>(true, false, i0, head_dim, rows, F(1.0), p, i1, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
+        cpu_detail::blas<F>(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, F(1.0), dk, ldd);
+      }
+      cpu_detail::blas<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0), dv + i0 * ldd, ldd);
+      cpu_detail::blas<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
+      cpu_detail::blas<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
+    }
+  }
+
+  template <class F, class T>
+  static void widen_head(F* dst, const T* src, index_t ld, index_t steps, index_t head_dim) {
+    for (index_t s = 0; s < steps; ++s)
+#pragma omp simd
+      for (index_t j = 0; j < head_dim; ++j) dst[s * head_dim + j] = cpu_detail::cv<F>(src[s * ld + j]);
+  }
+  template <class T, class F>
+  static void narrow_head(T* dst, index_t ld, const F* src, index_t steps, index_t head_dim) {
+    for (index_t s = 0; s < steps; ++s)
+#pragma omp simd
+      for (index_t j = 0; j < head_dim; ++j) dst[s * ld + j] = cpu_detail::cv<T>(src[s * head_dim + j]);
+  }
+};
+
+}  // namespace etude::backend

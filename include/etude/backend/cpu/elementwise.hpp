@@ -1,0 +1,47 @@
+// The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU.
+#pragma once
+
+#include <cstring>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_elementwise {
+  template <class D, class S>
+  static void copy(D* dst, const S* src, index_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<D>(src[i]);
+  }
+  template <class T>
+  static void fill_zero(T* dst, index_t n) {
+    if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
+  }
+
+  template <class Y, class X>
+  static void gelu_fwd(Y* y, const X* x, index_t n) {
+    using F = cpu_detail::compute_of<X>;
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < n; ++i) {
+      const F v = cpu_detail::cv<F>(x[i]);
+      y[i] = cpu_detail::cv<Y>(F(0.5) * v * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440))));
+    }
+  }
+  // dx = dy · gelu'(x), in place over dy.
+  template <class DY, class X>
+  static void gelu_bwd(DY* dy, const X* x, index_t n) {
+    using F = cpu_detail::compute_of<X>;
+    constexpr F inv_sqrt_2pi = F(0.398942280401432677940);
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < n; ++i) {
+      const F v = cpu_detail::cv<F>(x[i]);
+      const F cdf = F(0.5) * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440)));
+      const F pdf = inv_sqrt_2pi * cpu_detail::vexp(-F(0.5) * v * v);
+      dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * (cdf + v * pdf));
+    }
+  }
+};
+
+}  // namespace etude::backend

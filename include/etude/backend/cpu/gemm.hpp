@@ -1,0 +1,126 @@
+// The CPU's matrix products (spec: ops/gemm.hpp). All-float and all-double products go to CBLAS
+// (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool); any 16-bit operand
+// sends the product through gemm_tiled, which widens tiles into the caller's workspace. The GELU
+// epilogue is the product followed by gelu_fwd (the CPU declares no fusion).
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/elementwise.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_gemm {
+  static constexpr index_t gemm_tile = 512;  // 3 MiB of workspace; fewer, larger sgemm calls
+  // Floats of workspace a product with a 16-bit operand needs (three tiles); the caller passes it.
+  static constexpr index_t gemm_workspace_floats = 3 * gemm_tile * gemm_tile;
+  template <class TA, class TB, class TC>
+  static constexpr bool gemm_is_blas = std::is_same_v<TA, TB> && std::is_same_v<TA, TC> &&
+                                       (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
+
+  // Bytes of gemm workspace a precision policy's products need (0 when every product is BLAS).
+  template <class Policy>
+  static constexpr index_t gemm_workspace_bytes() {
+    using W = typename Policy::param_t;
+    using A = typename Policy::activation_t;
+    using G = typename Policy::grad_t;
+    return gemm_is_blas<W, A, G> ? 0 : gemm_workspace_floats * static_cast<index_t>(sizeof(float));
+  }
+
+  template <class TA, class TB, class TC>
+  static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, double alpha, const TA* a,
+                   index_t lda, const TB* b, index_t ldb, double beta, TC* c, index_t ldc,
+                   float* workspace = nullptr) {
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+      throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
+    if (m == 0 || n == 0) return;
+    if constexpr (gemm_is_blas<TA, TB, TC>) {
+      cpu_detail::blas(trans_a, trans_b, m, n, k, static_cast<TA>(alpha), a, lda, b, ldb, static_cast<TA>(beta), c,
+                       ldc);
+    } else {
+      static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TB, double> && !std::is_same_v<TC, double>,
+                    "cpu::gemm: double operands cannot be mixed with other dtypes");
+      if (workspace == nullptr)
+        throw error("cpu::gemm: a product with a 16-bit operand needs a workspace of gemm_workspace_floats floats");
+      gemm_tiled(workspace, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
+                 static_cast<float>(beta), c, ldc);
+    }
+  }
+
+  // pre(m, n) = op(A)·op(B); act = GELU(pre), both with leading dimension ldc.
+  template <class TA, class TB, class TC>
+  static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                        const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc, float* workspace = nullptr) {
+    gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, pre, ldc, workspace);
+    if (ldc == n) {
+      cpu_elementwise::gelu_fwd(act, pre, m * n);
+    } else {
+      for (index_t r = 0; r < m; ++r) cpu_elementwise::gelu_fwd(act + r * ldc, pre + r * ldc, n);
+    }
+  }
+
+ private:
+  // Widens a (rows, cols) block of a row-major matrix with leading dimension ld into a dense
+  // float tile (row stride cols).
+  template <class T>
+  static void widen_tile(float* dst, const T* src, index_t ld, index_t rows, index_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+    for (index_t r = 0; r < rows; ++r) {
+      const T* s = src + r * ld;
+      float* d = dst + r * cols;
+#pragma omp simd
+      for (index_t c = 0; c < cols; ++c) d[c] = cpu_detail::cv<float>(s[c]);
+    }
+  }
+
+  // C = alpha·op(A)·op(B) + beta·C with any storage types, in (gemm_tile)³ blocks: each block
+  // of A and B widened to float, products summed over k in float (straight into C when C is
+  // float, else in a float tile rounded once at the end). The k order is fixed, so results
+  // are deterministic.
+  template <class TA, class TB, class TC>
+  static void gemm_tiled(float* wa, bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha,
+                         const TA* a, index_t lda, const TB* b, index_t ldb, float beta, TC* c, index_t ldc) {
+    constexpr index_t t = gemm_tile;
+    float* wb = wa + t * t;
+    float* wc = wb + t * t;
+    for (index_t i0 = 0; i0 < m; i0 += t)
+      for (index_t j0 = 0; j0 < n; j0 += t) {
+        const index_t mi = std::min(t, m - i0), nj = std::min(t, n - j0);
+        float* cf;
+        index_t ldcf;
+        if constexpr (std::is_same_v<TC, float>) {
+          cf = c + i0 * ldc + j0;
+          ldcf = ldc;
+        } else {
+          cf = wc;
+          ldcf = nj;
+          if (beta != 0.0f) widen_tile(wc, c + i0 * ldc + j0, ldc, mi, nj);
+        }
+        if (k == 0) {
+          for (index_t r = 0; r < mi; ++r)
+            for (index_t q = 0; q < nj; ++q) cf[r * ldcf + q] = beta == 0.0f ? 0.0f : beta * cf[r * ldcf + q];
+        }
+        for (index_t p0 = 0; p0 < k; p0 += t) {
+          const index_t kp = std::min(t, k - p0);
+          // op(A) block (mi, kp): stored (mi, kp) at a + i0·lda + p0, or transposed (kp, mi) at a + p0·lda + i0
+          if (trans_a) widen_tile(wa, a + p0 * lda + i0, lda, kp, mi);
+          else widen_tile(wa, a + i0 * lda + p0, lda, mi, kp);
+          if (trans_b) widen_tile(wb, b + j0 * ldb + p0, ldb, nj, kp);
+          else widen_tile(wb, b + p0 * ldb + j0, ldb, kp, nj);
+          cpu_detail::blas<float>(trans_a, trans_b, mi, nj, kp, alpha, wa, trans_a ? mi : kp, wb, trans_b ? kp : nj,
+                                  p0 == 0 ? beta : 1.0f, cf, ldcf);
+        }
+        if constexpr (!std::is_same_v<TC, float>) {
+          for (index_t r = 0; r < mi; ++r)
+            for (index_t q = 0; q < nj; ++q) c[(i0 + r) * ldc + j0 + q] = cpu_detail::cv<TC>(wc[r * nj + q]);
+        }
+      }
+  }
+};
+
+}  // namespace etude::backend

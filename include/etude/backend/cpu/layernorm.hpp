@@ -1,0 +1,113 @@
+// The CPU's LayerNorm (spec: ops/layernorm.hpp): statistics in double, eps 1e-5, biased variance;
+// the backward's column sums owned by one thread per column block, rows in order. The residual
+// fusion is an add and layernorm_fwd (the CPU declares no fusion: the model keeps the residual in
+// the product, which rounds once).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_layernorm {
+  static constexpr double layernorm_eps = 1e-5;
+
+  template <class Y, class St, class X, class W>
+  static void layernorm_fwd(Y* y, St* mean, St* rstd, const X* x, const W* gamma, const W* beta, index_t rows,
+                            index_t dim) {
+    using F = cpu_detail::compute_of<St>;
+#pragma omp parallel for schedule(static)
+    for (index_t r = 0; r < rows; ++r) {
+      const X* xr = x + r * dim;
+      double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+      for (index_t j = 0; j < dim; ++j) sum += cpu_detail::cv<F>(xr[j]);
+      const double mu = sum / static_cast<double>(dim);
+      double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
+      for (index_t j = 0; j < dim; ++j) sq += (cpu_detail::cv<F>(xr[j]) - mu) * (cpu_detail::cv<F>(xr[j]) - mu);
+      const auto m = static_cast<F>(mu);
+      const auto rs = static_cast<F>(1.0 / std::sqrt(sq / static_cast<double>(dim) + layernorm_eps));
+      mean[r] = m;
+      rstd[r] = rs;
+      Y* yr = y + r * dim;
+#pragma omp simd
+      for (index_t j = 0; j < dim; ++j)
+        yr[j] = cpu_detail::cv<Y>((cpu_detail::cv<F>(xr[j]) - m) * rs * cpu_detail::cv<F>(gamma[j]) +
+                                  cpu_detail::cv<F>(beta[j]));
+    }
+  }
+
+  // dx += LayerNorm'(dy); dgamma += sum_rows dy·x̂; dbeta += sum_rows dy.
+  template <class DX, class G, class DY, class X, class St, class W>
+  static void layernorm_bwd(DX* dx, G* dgamma, G* dbeta, const DY* dy, const X* x, const St* mean, const St* rstd,
+                            const W* gamma, index_t rows, index_t dim) {
+    using F = cpu_detail::compute_of<St>;
+#pragma omp parallel for schedule(static)
+    for (index_t r = 0; r < rows; ++r) {
+      const X* xr = x + r * dim;
+      const DY* gr = dy + r * dim;
+      const F m = mean[r], rs = rstd[r];
+      double s1 = 0.0, s2 = 0.0;
+#pragma omp simd reduction(+ : s1, s2)
+      for (index_t j = 0; j < dim; ++j) {
+        const F g = cpu_detail::cv<F>(gr[j]) * cpu_detail::cv<F>(gamma[j]);
+        s1 += g;
+        s2 += g * ((cpu_detail::cv<F>(xr[j]) - m) * rs);
+      }
+      const auto a = static_cast<F>(s1 / static_cast<double>(dim));
+      const auto c = static_cast<F>(s2 / static_cast<double>(dim));
+      DX* dr = dx + r * dim;
+#pragma omp simd
+      for (index_t j = 0; j < dim; ++j) {
+        const F xhat = (cpu_detail::cv<F>(xr[j]) - m) * rs;
+        dr[j] = cpu_detail::cv<DX>(cpu_detail::cv<F>(dr[j]) +
+                                   rs * (cpu_detail::cv<F>(gr[j]) * cpu_detail::cv<F>(gamma[j]) - a - xhat * c));
+      }
+    }
+    column_sums(dgamma, dbeta, dy, x, mean, rstd, rows, dim);
+  }
+
+  // x_mid = x + r (rounded to X), then layernorm_fwd on x_mid.
+  template <class X, class Y, class St, class W>
+  static void residual_layernorm_fwd(X* x_mid, Y* y, St* mean, St* rstd, const X* x, const X* r, const W* gamma,
+                                     const W* beta, index_t rows, index_t dim) {
+    using F = cpu_detail::compute_of<St>;
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < rows * dim; ++i) x_mid[i] = cpu_detail::cv<X>(cpu_detail::cv<F>(x[i]) + cpu_detail::cv<F>(r[i]));
+    layernorm_fwd(y, mean, rstd, x_mid, gamma, beta, rows, dim);
+  }
+
+ private:
+  // dgamma += Σ_r dy·x̂, dbeta += Σ_r dy, each column owned by one thread, rows in order.
+  template <class G, class DY, class X, class St>
+  static void column_sums(G* dgamma, G* dbeta, const DY* dy, const X* x, const St* mean, const St* rstd,
+                          index_t rows, index_t dim) {
+    using F = cpu_detail::compute_of<St>;
+    constexpr index_t chunk = 16;
+    const index_t chunks = (dim + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+    for (index_t c = 0; c < chunks; ++c) {
+      const index_t j0 = c * chunk, j1 = std::min(dim, j0 + chunk);
+      F g[chunk] = {}, bsum[chunk] = {};
+      for (index_t r = 0; r < rows; ++r) {
+        const X* xr = x + r * dim;
+        const DY* gr = dy + r * dim;
+        for (index_t j = j0; j < j1; ++j) {
+          const F gv = cpu_detail::cv<F>(gr[j]);
+          g[j - j0] += gv * ((cpu_detail::cv<F>(xr[j]) - mean[r]) * rstd[r]);
+          bsum[j - j0] += gv;
+        }
+      }
+      for (index_t j = j0; j < j1; ++j) {
+        dgamma[j] = cpu_detail::cv<G>(cpu_detail::cv<F>(dgamma[j]) + g[j - j0]);
+        dbeta[j] = cpu_detail::cv<G>(cpu_detail::cv<F>(dbeta[j]) + bsum[j - j0]);
+      }
+    }
+  }
+};
+
+}  // namespace etude::backend

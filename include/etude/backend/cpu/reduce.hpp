@@ -1,0 +1,45 @@
+// The CPU's reductions (spec: ops/reduce.hpp): the sum of squares in double over fixed
+// 4096-element blocks added in block order, so the result does not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_reduce {
+  template <class T>
+  static void sum_squares(const T* x, index_t n, double* out) {
+    constexpr index_t block = 4096;
+    const index_t blocks = (n + block - 1) / block;
+    std::vector<double> partial(static_cast<std::size_t>(blocks));
+#pragma omp parallel for schedule(static)
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      double s = 0.0;
+      const index_t i1 = std::min(n, (blk + 1) * block);
+#pragma omp simd reduction(+ : s)
+      for (index_t i = blk * block; i < i1; ++i) {
+        const double v = cpu_detail::cv<cpu_detail::compute_of<T>>(x[i]);
+        s += v * v;
+      }
+      partial[static_cast<std::size_t>(blk)] = s;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    *out = total;
+  }
+
+  // Any NaN or infinity in x?
+  template <class T>
+  static bool all_finite(const T* x, index_t n) {
+    int bad = 0;
+#pragma omp parallel for simd schedule(static) reduction(| : bad)
+    for (index_t i = 0; i < n; ++i) bad |= !cpu_detail::finite(x[i]);
+    return bad == 0;
+  }
+};
+
+}  // namespace etude::backend

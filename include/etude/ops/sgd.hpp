@@ -1,0 +1,24 @@
+// Spec of the SGD update with momentum (PyTorch's torch.optim.SGD), applied by optim::sgd::update
+// (config/optim.hpp), which also forms its scalars.
+//
+//   sgd_update(p, g, buf, n, const sgd_scalars* sc, const double* grad_scale, const int* skip,
+//              working)
+//       g' = g·(*grad_scale) + wd·p;  buf ← g' on the first update, else μ·buf + g' (rounded to
+//       its dtype before use);  p ← p − lr·(nesterov ? g' + μ·buf : buf).
+//       Nothing changes when *skip ≠ 0; a working copy (mixed precision) receives the rounded p.
+// Scalars, grad_scale and skip as in ops/adamw.hpp.
+#pragma once
+
+#include "etude/config/optim.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::ops {
+
+template <class B, class Policy>
+concept sgd_op = requires(typename Policy::master_t* p, const typename Policy::grad_t* g,
+                          typename Policy::state_t* s, typename Policy::param_t* working, index_t n,
+                          const optim::sgd_scalars* sc, const double* grad_scale, const int* skip) {
+  B::sgd_update(p, g, s, n, sc, grad_scale, skip, working);
+};
+
+}  // namespace etude::ops
