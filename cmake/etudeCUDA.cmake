@@ -3,6 +3,7 @@
 #   etude_cuda_header_check  every include/etude/backend/cuda/**.cuh compiled on its own by nvcc
 #                         (for the last of CMAKE_CUDA_ARCHITECTURES), so no header rots
 #   etude_cuda_host_header_check  every backend/cuda/**.hpp compiled on its own by the host compiler
+#                         (both with ETUDE_HEADER_CHECK, which the tests turn on)
 #   bench/gpu             the GPU op benchmarks (ETUDE_BUILD_BENCH)
 # The gpu tests live in tests/gpu (added by tests/CMakeLists.txt). CUDA translation units include
 # only config/, core/, model/, train/ and backend/cuda/: no range-v3 or Boost.Hana (see DESIGN.md),
@@ -20,19 +21,22 @@ target_link_libraries(etude_cuda INTERFACE CUDA::cudart CUDA::cublasLt CUDA::cub
 set(ETUDE_CUDA_WARNINGS "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>")
 
 # Every .cuh compiles alone (nvcc), and every backend/cuda/*.hpp (the runtime API, no kernels) with
-# the host compiler alone, as a .cpp that drives a trainer instantiated in a .cu does.
-include(etudeHeaderCheck)
-etude_header_check(TARGET etude_cuda_header_check GLOB "etude/backend/cuda/*.cuh" EXT cu
-                   DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
-etude_header_check(TARGET etude_cuda_host_header_check GLOB "etude/backend/cuda/*.hpp" EXT cpp
-                   DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
-# One architecture is enough here: the headers alone instantiate no kernel, so a second pass would
-# only repeat the front end (half of this target's time). Every kernel is compiled for all of
-# CMAKE_CUDA_ARCHITECTURES by the gpu tests and benchmarks, which instantiate them.
-list(GET CMAKE_CUDA_ARCHITECTURES -1 _etude_cuda_last_arch)
-set_target_properties(etude_cuda_header_check PROPERTIES CUDA_ARCHITECTURES ${_etude_cuda_last_arch})
-unset(_etude_cuda_last_arch)
-target_compile_options(etude_cuda_header_check PRIVATE ${ETUDE_CUDA_WARNINGS})
+# the host compiler alone, as a .cpp that drives a trainer instantiated in a .cu does (with the
+# tests: ETUDE_HEADER_CHECK).
+if(ETUDE_HEADER_CHECK)
+  include(etudeHeaderCheck)
+  etude_header_check(TARGET etude_cuda_header_check GLOB "etude/backend/cuda/*.cuh" EXT cu
+                     DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
+  etude_header_check(TARGET etude_cuda_host_header_check GLOB "etude/backend/cuda/*.hpp" EXT cpp
+                     DIR ${PROJECT_BINARY_DIR}/cuda_headers LINK etude_cuda)
+  # One architecture is enough here: the headers alone instantiate no kernel, so a second pass would
+  # only repeat the front end (half of this target's time). Every kernel is compiled for all of
+  # CMAKE_CUDA_ARCHITECTURES by the gpu tests and benchmarks, which instantiate them.
+  list(GET CMAKE_CUDA_ARCHITECTURES -1 _etude_cuda_last_arch)
+  set_target_properties(etude_cuda_header_check PROPERTIES CUDA_ARCHITECTURES ${_etude_cuda_last_arch})
+  unset(_etude_cuda_last_arch)
+  target_compile_options(etude_cuda_header_check PRIVATE ${ETUDE_CUDA_WARNINGS})
+endif()
 
 if(ETUDE_BUILD_BENCH AND EXISTS "${PROJECT_SOURCE_DIR}/bench/gpu/CMakeLists.txt")
   add_subdirectory("${PROJECT_SOURCE_DIR}/bench/gpu" "${PROJECT_BINARY_DIR}/bench/gpu")
