@@ -79,20 +79,25 @@ void attention_bench(const char* tag, index_t batch, index_t steps, int heads, i
   const double fwd = 2.0 * 2.0 * static_cast<double>(batch) * heads * steps * steps * hd / 2.0;
   const std::string shape = std::string(tag) + " B" + std::to_string(batch) + " S" + std::to_string(steps) + " H" +
                             std::to_string(heads) + " hd" + std::to_string(hd);
-  flops_line("attention_fwd " + shape,
-             time_ms([&] { be::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, hd); }), fwd);
-  // model FLOPs of the backward: 2.5× the forward (5 products), whatever the kernels recompute
-  // the model's call passes the forward's output (delta = dO·O); without it the kernels recompute
-  flops_line("attention_bwd " + shape, time_ms([&] {
-               be::attention_bwd(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads,
-                                 hd);
-             }),
-             2.5 * fwd);
-  flops_line("attention_bwd without O " + shape, time_ms([&] {
-               be::attention_bwd(dqkv.data(), datt.data(), static_cast<const T*>(nullptr), qkv.data(), lse.data(),
-                                 batch, steps, heads, hd);
-             }),
-             2.5 * fwd);
+  etude::cuda::with_head_dim(hd, "ops_bench", [&](auto head_dim) {
+    constexpr int HD = decltype(head_dim)::value;
+    flops_line("attention_fwd " + shape, time_ms([&] {
+                 be::attention_fwd<HD>(att.data(), lse.data(), qkv.data(), batch, steps, heads);
+               }),
+               fwd);
+    // model FLOPs of the backward: 2.5× the forward (5 products), whatever the kernels recompute.
+    // The model's call passes the forward's output (delta = dO·O); without it the kernels recompute.
+    flops_line("attention_bwd " + shape, time_ms([&] {
+                 be::attention_bwd<HD>(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), batch, steps,
+                                       heads);
+               }),
+               2.5 * fwd);
+    flops_line("attention_bwd without O " + shape, time_ms([&] {
+                 be::attention_bwd<HD>(dqkv.data(), datt.data(), static_cast<const T*>(nullptr), qkv.data(),
+                                       lse.data(), batch, steps, heads);
+               }),
+               2.5 * fwd);
+  });
 }
 
 template <class T>

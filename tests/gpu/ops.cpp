@@ -19,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "etude/backend/cpu/cpu.hpp"
@@ -327,6 +328,14 @@ struct attention_case {
   index_t head_dim;
 };
 
+// The CPU's attention takes the head dimension as a template argument, as the model passes it.
+template <class F>
+void with_cpu_head_dim(index_t head_dim, F&& f) {
+  if (head_dim == 64) f(std::integral_constant<int, 64>{});
+  else if (head_dim == 128) f(std::integral_constant<int, 128>{});
+  else FAIL("no CPU attention instantiated here for head dimension " << head_dim);
+}
+
 void attention_against_cpu(dtype t, const attention_case& c) {
   const index_t d = c.heads * c.head_dim, rows = c.batch * c.steps;
   const double u = unit_roundoff(t);
@@ -335,8 +344,10 @@ void attention_against_cpu(dtype t, const attention_case& c) {
   const vec qkv = uniform(static_cast<std::size_t>(rows * 3 * d), -1, 1, 60, t);
   vec att(static_cast<std::size_t>(rows * d)), lse(static_cast<std::size_t>(rows * c.heads));
   vec scratch(static_cast<std::size_t>(cpu::attention_scratch(c.steps, c.head_dim, false, cpu::threads())));
-  cpu::attention_fwd(att.data(), lse.data(), qkv.data(), c.batch, c.steps, c.heads, c.head_dim, scratch.data(),
-                     static_cast<index_t>(scratch.size()));
+  with_cpu_head_dim(c.head_dim, [&](auto hd) {
+    cpu::attention_fwd<decltype(hd)::value>(att.data(), lse.data(), qkv.data(), c.batch, c.steps, c.heads,
+                                            scratch.data(), static_cast<index_t>(scratch.size()));
+  });
   const auto out = dev::attention_fwd(t, qkv, c.batch, c.steps, c.heads, c.head_dim);
   // fp32: scores differ by <= hd·2^-24·Σ|q k|·scale (<= 2e-5 here), which moves p relatively and
   // O = Σ p v (|v| <= 1) by as much. 16-bit: p is rounded to the storage type before P·V (<= u·max|v|)
@@ -347,8 +358,10 @@ void attention_against_cpu(dtype t, const attention_case& c) {
 
   const vec datt = uniform(att.size(), -1, 1, 61, t);
   vec dqkv(qkv.size());
-  cpu::attention_bwd(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), c.batch, c.steps, c.heads,
-                     c.head_dim, scratch.data(), static_cast<index_t>(scratch.size()));
+  with_cpu_head_dim(c.head_dim, [&](auto hd) {
+    cpu::attention_bwd<decltype(hd)::value>(dqkv.data(), datt.data(), att.data(), qkv.data(), lse.data(), c.batch,
+                                            c.steps, c.heads, scratch.data(), static_cast<index_t>(scratch.size()));
+  });
   const vec got = dev::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);
   const vec with_o = dev::attention_bwd(t, datt, qkv, out.lse, out.att, c.batch, c.steps, c.heads, c.head_dim);
   const vec again = dev::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);

@@ -15,7 +15,9 @@ attn_fwd_out attention_fwd(dtype t, const vec& qkv, index_t batch, index_t steps
     auto dq = to_device<T>(qkv);
     cu::device_buffer<T> att(batch * steps * heads * head_dim);
     cu::device_buffer<float> lse(batch * steps * heads);
-    backend_t::attention_fwd(att.data(), lse.data(), dq.data(), batch, steps, heads, head_dim);
+    etude::cuda::with_head_dim(head_dim, "attention_fwd", [&](auto hd) {
+      backend_t::attention_fwd<decltype(hd)::value>(att.data(), lse.data(), dq.data(), batch, steps, heads);
+    });
     return attn_fwd_out{to_host(att), to_host(lse)};
   });
 }
@@ -31,8 +33,10 @@ vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, cons
     // garbage in dqkv: the op must overwrite every element
     auto dqkv = to_device<T>(vec(qkv.size(), 12345.0f));
     auto da = to_device<T>(att);
-    backend_t::attention_bwd(dqkv.data(), dd.data(), att.empty() ? nullptr : da.data(), dq.data(), dl.data(), batch,
-                             steps, heads, head_dim);
+    etude::cuda::with_head_dim(head_dim, "attention_bwd", [&](auto hd) {
+      backend_t::attention_bwd<decltype(hd)::value>(dqkv.data(), dd.data(), att.empty() ? nullptr : da.data(),
+                                                    dq.data(), dl.data(), batch, steps, heads);
+    });
     return to_host(dqkv);
   });
 }

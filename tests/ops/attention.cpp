@@ -14,7 +14,8 @@ using etude::index_t;
 using namespace etude::test::ops;
 
 TEST_CASE("causal attention backward matches central differences", "[ops]") {
-  const index_t batch = 2, steps = cpu::attention_rows + 9, head_dim = 3;  // two row blocks
+  constexpr index_t head_dim = 3;
+  const index_t batch = 2, steps = cpu::attention_rows + 9;  // two row blocks
   const int heads = 2;
   const index_t d = heads * head_dim;
   auto qkv = random_vector(batch * steps * 3 * d, 5);
@@ -22,23 +23,25 @@ TEST_CASE("causal attention backward matches central differences", "[ops]") {
   std::vector<double> att(batch * steps * d), lse(batch * steps * heads);
   std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
   auto loss = [&] {
-    cpu::attention_fwd(att.data(), lse.data(), qkv.data(), batch, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
+    cpu::attention_fwd<head_dim>(att.data(), lse.data(), qkv.data(), batch, steps, heads, scratch.data(),
+                                 index_t(scratch.size()));
     return dot(att, dout);
   };
   loss();
   std::vector<double> dqkv(qkv.size());
-  cpu::attention_bwd(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads, head_dim,
-                     scratch.data(), index_t(scratch.size()));
+  cpu::attention_bwd<head_dim>(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads,
+                               scratch.data(), index_t(scratch.size()));
   check_gradient(qkv, dqkv, loss, "dqkv", 5);
 }
 
 TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops]") {
-  const index_t steps = 4, head_dim = 2;
+  constexpr index_t head_dim = 2;
+  const index_t steps = 4;
   const int heads = 1;
   const auto qkv = random_vector(steps * 3 * head_dim, 7);
   std::vector<double> att(steps * head_dim), lse(steps);
   std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
-  cpu::attention_fwd(att.data(), lse.data(), qkv.data(), 1, steps, heads, head_dim, scratch.data(), index_t(scratch.size()));
+  cpu::attention_fwd<head_dim>(att.data(), lse.data(), qkv.data(), 1, steps, heads, scratch.data(), index_t(scratch.size()));
   auto q = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + j)]; };
   auto k = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + head_dim + j)]; };
   auto v = [&](index_t i, index_t j) { return qkv[static_cast<std::size_t>(i * 3 * head_dim + 2 * head_dim + j)]; };

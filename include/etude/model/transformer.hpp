@@ -147,8 +147,8 @@ struct transformer {
     if (need(layer_slot::qkv))
       mm(ws, false, true, rows, 3 * D, D, 1.0, a.ln1, D, param(p, param_kind::qkv, l), D, 0.0, a.qkv, 3 * D);
     if (need(layer_slot::att) || need(layer_slot::att_lse))
-      Backend::attention_fwd(a.att, a.att_lse, a.qkv, batch, steps, S.heads, S.head_dim(), ws.attention,
-                             ws.attention_size);
+      Backend::template attention_fwd<S.head_dim()>(a.att, a.att_lse, a.qkv, batch, steps, S.heads, ws.attention,
+                                                    ws.attention_size);
     const bool ln2 = need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd);
     const W* out_proj = param(p, param_kind::out_proj, l);
     if (need(layer_slot::x_mid) && ops::fuses_residual_layernorm<Backend>) {
@@ -222,8 +222,8 @@ struct transformer {
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
       mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
-      Backend::attention_bwd(dqkv, dh, a.att, a.qkv, a.att_lse, batch, steps, S.heads, S.head_dim(), ws.attention,
-                             ws.attention_size);
+      Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, steps, S.heads,
+                                                    ws.attention, ws.attention_size);
       mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, param(g, param_kind::qkv, l), D);
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
       Backend::layernorm_bwd(dx, param(g, param_kind::norm1_weight, l), param(g, param_kind::norm1_bias, l), dh,

@@ -34,9 +34,25 @@ struct cpu_attention {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
   }
 
-  template <class A, class St>
+  // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
+  // take any.
+  template <int HeadDim, class A, class St>
   static void attention_fwd(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads,
-                            index_t head_dim, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+                            cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+    static_assert(HeadDim > 0, "cpu::attention_fwd: the head dimension must be positive");
+    forward(att, lse, qkv, batch, steps, heads, HeadDim, scratch, scratch_size);
+  }
+  template <int HeadDim, class DQ, class A, class St>
+  static void attention_bwd(DQ* dqkv, const A* datt, const A* att, const A* qkv, const St* lse, index_t batch,
+                            index_t steps, int heads, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+    static_assert(HeadDim > 0, "cpu::attention_bwd: the head dimension must be positive");
+    backward(dqkv, datt, att, qkv, lse, batch, steps, heads, HeadDim, scratch, scratch_size);
+  }
+
+ private:
+  template <class A, class St>
+  static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
+                      cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
@@ -71,9 +87,9 @@ struct cpu_attention {
   // block of query rows; dK and dV accumulate over the blocks in order. att (the forward's output)
   // is not read: the row terms dO·O come from P and dP here.
   template <class DQ, class A, class St>
-  static void attention_bwd(DQ* dqkv, const A* datt, const A* /*att*/, const A* qkv, const St* lse, index_t batch,
-                            index_t steps, int heads, index_t head_dim, cpu_detail::compute_of<A>* scratch,
-                            index_t scratch_size) {
+  static void backward(DQ* dqkv, const A* datt, const A* /*att*/, const A* qkv, const St* lse, index_t batch,
+                       index_t steps, int heads, index_t head_dim, cpu_detail::compute_of<A>* scratch,
+                       index_t scratch_size) {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
@@ -107,7 +123,6 @@ struct cpu_attention {
     }
   }
 
- private:
   // One head of one sequence: q, k, v rows with stride ld; out rows with stride ldo; lse with
   // stride lse_ld. p: 2·attention_rows·steps of scratch.
   template <class F, class O, class St>

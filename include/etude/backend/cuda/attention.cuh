@@ -452,68 +452,64 @@ void bwd(bwd_args<device_t<T>> args, index_t batch) {
   ETUDE_CUDA_CHECK_LAUNCH("flash_attention_bwd (dQ)");
 }
 
-// Run-time head dimension -> the compiled kernels.
-template <class F>
-void dispatch_head_dim(index_t head_dim, const char* op, F&& f) {
-  switch (head_dim) {
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
-    default:
-      throw invalid_argument(std::string("etude::cuda::") + op + ": no kernel for head dimension " +
-                             std::to_string(head_dim) + "; supported: 64, 128");
-  }
+// Run-time head dimension -> the kernels compiled for it (attention_head_dims, tuning.cuh).
+template <class F, int... Dims>
+void dispatch_in(head_dim_list<Dims...> list, index_t head_dim, const char* what, F&& f) {
+  const bool found = ((head_dim == Dims ? (f(std::integral_constant<int, Dims>{}), true) : false) || ...);
+  if (!found)
+    throw invalid_argument(std::string(what) + ": no attention kernel for head dimension " +
+                           std::to_string(head_dim) + "; supported: " + list.names());
 }
 
 }  // namespace etude::cuda::detail::attn
 
 namespace etude::cuda {
 
-// att (B·S, D), lse (B·S, H) float = causal attention over qkv (B·S, 3D).
-template <class T>
-void attention_fwd(T* att, float* lse, const T* qkv, index_t batch, index_t steps, int heads, index_t head_dim) {
-  detail::attn::check_args<T>("attention_fwd", qkv, att, batch, steps, heads, head_dim);
-  if (batch == 0 || steps == 0) return;
-  detail::attn::dispatch_head_dim(head_dim, "attention_fwd", [&](auto hd) {
-    detail::attn::fwd_args<device_t<T>> a{dev(qkv), dev(att), lse, nullptr, nullptr, steps, heads, 0,
-                                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)))};
-    detail::attn::fwd<T, decltype(hd)::value>(a, batch);
-  });
-}
-
-// dqkv (B·S, 3D) = attention'(datt), overwritten (not accumulated), like the CPU backend. `att`:
-// the forward's output if the caller kept it (saves re-running the forward for delta), or null.
-template <class T>
-void attention_bwd(T* dqkv, const T* datt, const T* att, const T* qkv, const float* lse, index_t batch,
-                   index_t steps, int heads, index_t head_dim) {
-  detail::attn::check_args<T>("attention_bwd", qkv, dqkv, batch, steps, heads, head_dim);
-  detail::require(detail::aligned(datt, 16) && detail::aligned(att, 16), "attention_bwd", "datt and att must be 16-byte aligned");
-  if (batch == 0 || steps == 0) return;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  detail::attn::dispatch_head_dim(head_dim, "attention_bwd", [&](auto hd) {
-    constexpr int HD = decltype(hd)::value;
-    using D = device_t<T>;
-    if (att != nullptr) {
-      const index_t warps = batch * steps * heads;
-      constexpr int threads = 256;
-      const auto blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
-      detail::attn::attention_delta<D, HD><<<blocks, threads, 0, current().stream()>>>(dev(dqkv), dev(datt), dev(att),
-                                                                                     batch * steps, heads);
-      ETUDE_CUDA_CHECK_LAUNCH("attention_delta");
-    } else {
-      detail::attn::fwd_args<D> a{dev(qkv), nullptr, nullptr, dev(datt), dev(dqkv), steps, heads, 1, scale};
-      detail::attn::fwd<T, HD>(a, batch);
-    }
-    detail::attn::bwd_args<D> b{dev(dqkv), dev(datt), dev(qkv), lse, steps, heads, 0, scale};
-    detail::attn::bwd<T, HD>(b, batch);
-  });
-}
-
-// The compile-time entry: head dimension as a template argument, checked against the tuning trait
-// (an unsupported one stops the build with the supported list).
+// att (B·S, D), lse (B·S, H) float = causal attention over qkv (B·S, 3D). HeadDim: one of
+// attention_head_dims (tuning.cuh); another stops the build with the list.
 template <int HeadDim, class T>
 void attention_fwd(T* att, float* lse, const T* qkv, index_t batch, index_t steps, int heads) {
   static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
-  attention_fwd(att, lse, qkv, batch, steps, heads, HeadDim);
+  detail::attn::check_args<T>("attention_fwd", qkv, att, batch, steps, heads, HeadDim);
+  if (batch == 0 || steps == 0) return;
+  detail::attn::fwd_args<device_t<T>> a{dev(qkv), dev(att), lse, nullptr, nullptr, steps, heads, 0,
+                                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
+  detail::attn::fwd<T, HeadDim>(a, batch);
+}
+
+// dqkv (B·S, 3D) = attention'(datt), overwritten (not accumulated), like the CPU backend. `att`:
+// the forward's output (the model's call: delta = dO·O from it), or null (delta from re-running
+// the forward).
+template <int HeadDim, class T>
+void attention_bwd(T* dqkv, const T* datt, const T* att, const T* qkv, const float* lse, index_t batch,
+                   index_t steps, int heads) {
+  static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
+  detail::attn::check_args<T>("attention_bwd", qkv, dqkv, batch, steps, heads, HeadDim);
+  detail::require(detail::aligned(datt, 16) && detail::aligned(att, 16), "attention_bwd", "datt and att must be 16-byte aligned");
+  if (batch == 0 || steps == 0) return;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
+  using D = device_t<T>;
+  if (att != nullptr) {
+    const index_t warps = batch * steps * heads;
+    constexpr int threads = 256;
+    const auto blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
+    detail::attn::attention_delta<D, HeadDim>
+        <<<blocks, threads, 0, current().stream()>>>(dev(dqkv), dev(datt), dev(att), batch * steps, heads);
+    ETUDE_CUDA_CHECK_LAUNCH("attention_delta");
+  } else {
+    detail::attn::fwd_args<D> a{dev(qkv), nullptr, nullptr, dev(datt), dev(dqkv), steps, heads, 1, scale};
+    detail::attn::fwd<T, HeadDim>(a, batch);
+  }
+  detail::attn::bwd_args<D> b{dev(dqkv), dev(datt), dev(qkv), lse, steps, heads, 0, scale};
+  detail::attn::bwd<T, HeadDim>(b, batch);
+}
+
+// A head dimension known only at run time (a tool that reads it, a test over several) → the
+// compiled ones: calls f(std::integral_constant<int, HD>{}) for HD == head_dim, or throws
+// etude::invalid_argument naming `what` and the supported list.
+template <class F>
+void with_head_dim(index_t head_dim, const char* what, F&& f) {
+  detail::attn::dispatch_in(attention_head_dims{}, head_dim, what, static_cast<F&&>(f));
 }
 
 }  // namespace etude::cuda

@@ -56,9 +56,9 @@ struct cuda {
     static_assert(std::is_same_v<typename policy::grad_t, float> ||
                       std::is_same_v<typename policy::grad_t, typename policy::activation_t>,
                   "backend::cuda: weight gradients accumulate in float or in the activation type");
-    static_assert(S.head_dim() == 64 || S.head_dim() == 128,
-                  "backend::cuda: the attention kernels support head dimensions 64 and 128 (shape.dim / "
-                  "shape.heads); change heads");
+    static_assert(::etude::cuda::attention_head_dims::contains(S.head_dim()),
+                  "backend::cuda: no attention kernel for this head dimension (shape.dim / shape.heads); "
+                  "supported: etude::cuda::attention_head_dims (64, 128); change heads");
     static_assert(S.dim % 8 == 0, "backend::cuda: shape.dim must be a multiple of 8 (16-byte rows)");
     static_assert(sizeof(typename policy::activation_t) == 4 || (S.card % 8 == 0 && S.ffn() % 8 == 0),
                   "backend::cuda: with 16-bit activations shape.card must be a multiple of 8 (the logits' rows "
@@ -150,17 +150,17 @@ struct cuda {
                                              int /*threads*/ = 1) {
     return 0;
   }
-  template <class A>
+  // HeadDim: the model's head dimension, one of ::etude::cuda::attention_head_dims.
+  template <int HeadDim, class A>
   static void attention_fwd(A* att, float* lse, const A* qkv, index_t batch, index_t steps, int heads,
-                            index_t head_dim, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
-    ::etude::cuda::attention_fwd(att, lse, qkv, batch, steps, heads, head_dim);
+                            void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    ::etude::cuda::attention_fwd<HeadDim>(att, lse, qkv, batch, steps, heads);
   }
   // att: the forward's output, whose rows give delta = dO·O directly (nullptr: recomputed).
-  template <class A>
+  template <int HeadDim, class A>
   static void attention_bwd(A* dqkv, const A* datt, const A* att, const A* qkv, const float* lse, index_t batch,
-                            index_t steps, int heads, index_t head_dim, void* /*scratch*/ = nullptr,
-                            index_t /*scratch_size*/ = 0) {
-    ::etude::cuda::attention_bwd(dqkv, datt, att, qkv, lse, batch, steps, heads, head_dim);
+                            index_t steps, int heads, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    ::etude::cuda::attention_bwd<HeadDim>(dqkv, datt, att, qkv, lse, batch, steps, heads);
   }
 
   // ---- GELU ----------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@
 // etude::error before any launch.
 #pragma once
 
+#include <string>
+
 #include "etude/backend/cuda/dtype.cuh"
 
 #ifndef ETUDE_CUDA_TUNING_ARCH
@@ -85,14 +87,28 @@ struct tuning<op::softmax_xent, T, 0, Arch> {
   static constexpr int threads = 256;  // one block per row of `card` logits (~2k)
 };
 
+// The head dimensions the attention kernels are compiled for: the one list that the tuning trait
+// below, the run-time dispatch (attention.cuh) and backend::cuda::accepts() read. Adding one means
+// adding it here (tiles must be multiples of 16) and, if the defaults do not fit, a specialisation.
+template <int... Dims>
+struct head_dim_list {
+  static constexpr bool contains(long long d) { return ((d == Dims) || ...); }
+  static std::string names() {
+    std::string s;
+    ((s += (s.empty() ? "" : ", ") + std::to_string(Dims)), ...);
+    return s;
+  }
+};
+using attention_head_dims = head_dim_list<64, 128>;
+
 // Flash attention: query rows and key rows per tile, warps per CTA. 16-bit storage runs on the
 // tensor cores (WMMA 16×16×16, fp32 accumulation); float runs on FMA in exact fp32. Shared
 // memory for the defaults stays under sm_80's 163 KiB opt-in limit for both head dimensions.
 template <class T, int HeadDim, class Arch>
 struct tuning<op::attention, T, HeadDim, Arch> {
-  static_assert(HeadDim == 64 || HeadDim == 128,
-                "no attention kernel for this head dimension; supported: 64, 128 (specialise "
-                "etude::cuda::tuning<op::attention, T, HeadDim> to add one: tiles must be multiples of 16)");
+  static_assert(attention_head_dims::contains(HeadDim),
+                "no attention kernel for this head dimension; supported: etude::cuda::attention_head_dims "
+                "(64, 128; add one there: tiles must be multiples of 16)");
   static constexpr bool tensor_cores = detail::is_16bit<device_t<T>>;
   static constexpr int fwd_rows = tensor_cores ? 64 : 32;
   static constexpr int fwd_cols = tensor_cores ? 64 : 32;
