@@ -50,16 +50,22 @@ struct cpu_attention {
   }
 
  private:
+  // Threads the scratch has room for (one slot each, at most the thread count); refuses a scratch
+  // below one slot.
+  static int slot_count(const char* op, index_t slot, index_t scratch_size) {
+    if (scratch_size < slot)
+      throw error(std::string(op) + ": scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
+                  std::to_string(slot) + ")");
+    return static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
+  }
+
   template <class A, class St>
   static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
                       cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
-    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
-    if (scratch_size < slot)
-      throw error("cpu::attention_fwd: scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
-                  std::to_string(slot) + ")");
+    const int slots = slot_count("cpu::attention_fwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -93,10 +99,7 @@ struct cpu_attention {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
-    const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
-    if (scratch_size < slot)
-      throw error("cpu::attention_bwd: scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
-                  std::to_string(slot) + ")");
+    const int slots = slot_count("cpu::attention_bwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
