@@ -45,7 +45,7 @@ inline float exp_cody_waite(float x) {
   return x < -103.9f ? 0.0f : (x > 88.72f ? INFINITY : (x == x ? result : x));
 }
 
-// erf(x) in float, vectorisable, within 3 ulp (tests/unit/ops.cpp checks it against libm).
+// erf(x) in float, vectorisable, within 3 ulp (tests/ops/elementwise.cpp checks it against libm).
 // |x| < 1: x·(a0 + u·Q(u)) with u = x², Q of degree 5; 1 <= |x| < 4: 1 − e^(−x²)·R(1/|x|) with R
 // of degree 9 (erfc(x)·e^(x²) is smooth in 1/x); |x| >= 4: ±1 (erfc(4) is below half an ulp of 1).
 // Coefficients: weighted least-squares fits for relative error, made for etude (tools: numpy).
