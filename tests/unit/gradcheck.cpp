@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <etude/etude.hpp>
 
@@ -25,11 +26,11 @@ etude::token_batch padded_batch(index_t batch, index_t frames, std::uint64_t see
   return b;
 }
 
-template <class Pattern, class... Policies>
-void check_all_gradients(index_t batch = 2, index_t frames = 5) {
+template <class Pattern, class Backend, class... Policies>
+void check_gradients_on(index_t batch, index_t frames) {
   using lm = etude::model<tiny, Pattern>;
   using cfg = etude::train_config<lm, etude::precision::fp64, Policies...>;
-  etude::cpu_trainer<cfg> tr;
+  etude::trainer<cfg, Backend> tr;
   const auto data = padded_batch(batch, frames, 21);
   tr.loss_and_gradients(data);
   const std::vector<double> grad(tr.gradients().begin(), tr.gradients().end());
@@ -62,7 +63,26 @@ void check_all_gradients(index_t batch = 2, index_t frames = 5) {
   }
 }
 
+template <class Pattern, class... Policies>
+void check_all_gradients(index_t batch = 2, index_t frames = 5) {
+  check_gradients_on<Pattern, etude::backend::cpu, Policies...>(batch, frames);
+}
+
+// The CPU op set declaring both fusions (ops/layernorm.hpp, ops/gemm.hpp), as CUDA does: the
+// transformer then takes its fused path (output projection into scratch, residual_layernorm_fwd,
+// gemm_gelu), which no GPU-less run would otherwise execute.
+struct fused_cpu : etude::backend::cpu {
+  static constexpr bool fuses_residual_layernorm = true;
+  static constexpr bool fuses_gemm_gelu = true;
+};
+
 }  // namespace
+
+template <>
+class etude::step_executor<fused_cpu> : public etude::step_executor<etude::backend::cpu> {
+ public:
+  using step_executor<etude::backend::cpu>::step_executor;
+};
 
 TEST_CASE("gradients: delay pattern", "[gradcheck]") { check_all_gradients<pat::delay<0, 1, 2, 3>>(); }
 TEST_CASE("gradients: parallel pattern", "[gradcheck]") { check_all_gradients<pat::parallel>(); }
@@ -75,4 +95,40 @@ TEST_CASE("gradients: accumulated microbatches, token normalisation", "[gradchec
 }
 TEST_CASE("gradients: accumulated microbatches, mean of means", "[gradcheck]") {
   check_all_gradients<pat::delay<0, 1, 2, 3>, etude::accumulate<2, etude::loss_norm::mean_of_means>>(4, 5);
+}
+
+TEST_CASE("gradients: the transformer's fused path (residual LayerNorm, GELU epilogue)", "[gradcheck]") {
+  STATIC_REQUIRE(etude::ops::fuses_residual_layernorm<fused_cpu>);
+  STATIC_REQUIRE(etude::ops::fuses_gemm_gelu<fused_cpu>);
+  check_gradients_on<pat::delay<0, 1, 2, 3>, fused_cpu>(2, 5);
+}
+
+// Recomputation under a checkpoint policy must give the bits the forward gave, on the fused path
+// too: every slot recomputed (every_layer: the fused op again), and x_mid kept while ln2 is
+// recomputed (selective: layernorm_fwd on the kept x_mid). Against the plain CPU path the fused
+// one differs only in how the residual is rounded.
+template <class Ckpt>
+std::vector<double> fused_gradients(const etude::token_batch& data) {
+  using cfg = etude::train_config<etude::model<tiny, pat::delay<0, 1, 2, 3>>, etude::precision::fp64, Ckpt>;
+  etude::trainer<cfg, fused_cpu> tr;
+  tr.loss_and_gradients(data);
+  return {tr.gradients().begin(), tr.gradients().end()};
+}
+
+TEST_CASE("fused path: recomputed activations give the same bits; the unfused path agrees to rounding", "[gradcheck]") {
+  const auto data = padded_batch(2, 5, 22);
+  const auto kept = fused_gradients<etude::checkpointing::none>(data);
+  CHECK(fused_gradients<etude::checkpointing::every_layer>(data) == kept);
+  CHECK(fused_gradients<etude::checkpointing::selective>(data) == kept);
+  using cfg = etude::train_config<etude::model<tiny, pat::delay<0, 1, 2, 3>>, etude::precision::fp64>;
+  etude::cpu_trainer<cfg> plain;
+  plain.loss_and_gradients(data);
+  const std::vector<double> unfused(plain.gradients().begin(), plain.gradients().end());
+  REQUIRE(unfused.size() == kept.size());
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    worst = std::max(worst, std::abs(kept[i] - unfused[i]));
+    largest = std::max(largest, std::abs(unfused[i]));
+  }
+  CHECK(worst <= 1e-12 * largest);
 }
