@@ -1,20 +1,31 @@
 // Checkpoints of a training run, on the host. A resumable checkpoint is one safetensors file
 // (`ckpt-<step>.safetensors`) holding the parameters (`model.<name>`), the optimiser's state
 // (`optim.<slot>.<name>`) and, in its metadata, a JSON state: the update count, the compile-time
-// configuration and hyperparameters with their signature, the data loader's state, seeds, code
-// version and world size, the validation loss if known — and an XXH64 checksum over that state
-// and every tensor byte. Files are written atomically (temporary, fsync, rename, directory
-// fsync); the `latest` pointer is updated last; loading verifies the checksum and falls back to
-// the newest good checkpoint with a warning. Retention keeps the last N, every M-th step as a
-// milestone and the best by validation loss, and never deletes the only good checkpoint.
-// Saves may run on a background thread: the step blocks only while the snapshot is copied.
-// Not for: weights exchanged with other tools (save_weights/load_weights below write plain
-// safetensors with table names; io/hf_names.hpp maps them to Hugging Face's layout).
+// configuration and hyperparameters with their signature, the data the run trains on, the data
+// loader's state, seeds, code version and world size, the validation loss if known. Its
+// `etude.checksum` is the safetensors self-digest (safetensors.hpp): XXH64 over every byte of the
+// file, header and metadata included, so whatever is read was verified. (Files of format 1, whose
+// checksum covered only the state and the tensor bytes, are still read.)
+//
+// Files are written atomically (temporary, fsync, rename, directory fsync) and never from a state
+// that is not finite; the `latest` pointer is updated last, for other tools: resuming takes the
+// newest checkpoint by step that verifies AND restores. Restoring checks everything first (the
+// configuration, the data, every tensor's size and finiteness, the caller's own check of what
+// the state holds) and changes the trainer only when all of it passes; a checkpoint that fails
+// any of it gives way to the next older one, and the rejected files are named. Another
+// configuration or other data is a refusal, not a fallback. Retention keeps the last N, every
+// M-th step as a milestone and the best by validation loss, and never deletes the only good
+// checkpoint. Saves may run on a background thread: the step blocks only while the snapshot is
+// copied.
+// Not for: the run directory around the checkpoints (lock, logs, cleanup: track/run_directory.hpp);
+// weights exchanged with other tools (save_weights/load_weights below write plain safetensors with
+// table names; io/hf_names.hpp maps them to Hugging Face's layout).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -45,14 +56,28 @@ namespace etude::io {
 
 using json = nlohmann::ordered_json;
 
-// A checkpoint that cannot be used: corrupt, truncated, or of another configuration.
+// A checkpoint that cannot be used: corrupt, truncated, not finite, or of another configuration.
 class checkpoint_error : public error {
  public:
   using error::error;
 };
 
+// A good checkpoint of another run: another configuration, hyperparameters or data. Resuming
+// refuses it outright instead of falling back to an older file of the same run.
+class checkpoint_mismatch : public checkpoint_error {
+ public:
+  using checkpoint_error::checkpoint_error;
+};
+
+// No checkpoint of a directory could be used (every one was rejected); the message lists them.
+class no_usable_checkpoint : public checkpoint_error {
+ public:
+  using checkpoint_error::checkpoint_error;
+};
+
 // What a resumable checkpoint carries beside the trainer's buffers.
 struct run_state {
+  json data = nullptr;                  // what the run trains on (name, version, fingerprints...)
   json loader = nullptr;                // the data loader's state (data::loader_state as JSON)
   std::optional<double> valid_ce;       // validation cross-entropy at this step, for "best" retention
   int world_size = 1;
@@ -85,6 +110,9 @@ json describe_run(const Trainer& t) {
 
 namespace detail {
 
+inline constexpr int checkpoint_format = 2;
+inline constexpr const char* checksum_key = "etude.checksum";
+
 inline std::string checkpoint_name(long step) {
   char name[64];
   std::snprintf(name, sizeof name, "ckpt-%09ld.safetensors", step);
@@ -102,18 +130,29 @@ inline std::optional<long> step_of(const std::filesystem::path& p) {
   return step;
 }
 
+// The files a checkpoint directory's writers make: checkpoints and the `latest` pointer.
+inline bool is_checkpoint_file(const std::string& name) { return name == "latest" || step_of(name).has_value(); }
+
 template <class Trainer>
 const char* slot_name(int slot) {
   return Trainer::config::optimizer::state_names[slot];
 }
 
-// The value stored as etude.checksum: XXH64 over the state text and the tensors in layout order.
-inline std::string content_checksum(const std::string& state, const std::vector<std::span<const std::byte>>& tensors) {
+// Format 1's etude.checksum: XXH64 over the state text and the tensors in layout order.
+inline std::string legacy_checksum(const std::string& state, const std::vector<std::span<const std::byte>>& tensors) {
   etude::detail::xxhash64 h;
   h.update(state);
   for (const auto& t : tensors) h.update(t.data(), t.size());
   char hex[17];
   return std::string(etude::detail::hex64(h.digest(), hex));
+}
+
+// The index of the first non-finite value, if any.
+template <class T>
+std::optional<std::size_t> first_non_finite(std::span<const T> values) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(static_cast<double>(etude::convert<float>(values[i])))) return i;
+  return std::nullopt;
 }
 
 }  // namespace detail
@@ -129,6 +168,8 @@ struct checkpoint_snapshot {
   json state;
 };
 
+// Copies the trainer's state. A state that is not finite is never saved: it would become the
+// checkpoint every resume falls back to and fails on; the error names the tensor.
 template <class Trainer>
 checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   using params = typename Trainer::params;
@@ -137,23 +178,32 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   const int slots = Trainer::optimizer_state_count;
   s.slots.resize(static_cast<std::size_t>(slots));
   for (int k = 0; k < slots; ++k) s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
+  auto refuse = [&](const std::string& tensor, std::size_t at) {
+    return non_finite("step " + std::to_string(s.step) + ": no checkpoint written: " + tensor + " holds a non-finite " +
+                      "value at index " + std::to_string(at) + "; the training state has diverged (resume from an " +
+                      "earlier checkpoint with a lower learning rate)");
+  };
   for (const param_desc& p : params::entries) {
     s.names.push_back(param_name(p));
     s.rows.push_back(static_cast<std::uint64_t>(p.rows));
     s.cols.push_back(static_cast<std::uint64_t>(p.cols));
     const auto w = t.tensor(p);
+    if (const auto bad = detail::first_non_finite(std::span(w.data(), w.size()))) throw refuse("parameter " + s.names.back(), *bad);
     s.params.emplace_back(w.begin(), w.end());
     for (int k = 0; k < slots; ++k) {
       const auto st = t.optimizer_state(k).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()));
       auto& out = s.slots[static_cast<std::size_t>(k)].emplace_back(st.size());
       for (std::size_t i = 0; i < st.size(); ++i) out[i] = etude::convert<float>(st[i]);
+      if (const auto bad = detail::first_non_finite(std::span<const float>(out)))
+        throw refuse(std::string("optimiser state ") + s.slot_names[static_cast<std::size_t>(k)] + " of " + s.names.back(), *bad);
     }
   }
   json st = describe_run(t);
   st["format"] = "etude.checkpoint";
-  st["format_version"] = 1;
+  st["format_version"] = detail::checkpoint_format;
   st["step"] = s.step;
   st["signature"] = track::signature(st["config"]);
+  st["data"] = rs.data;
   st["loader"] = rs.loader;
   st["valid_ce"] = rs.valid_ce ? json(*rs.valid_ce) : json(nullptr);
   st["world_size"] = rs.world_size;
@@ -167,34 +217,20 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   return s;
 }
 
-// Writes a snapshot to `file` atomically.
+// Writes a snapshot to `file` atomically, with the file's self-digest as etude.checksum.
 inline void write_snapshot(const checkpoint_snapshot& s, const std::filesystem::path& file) {
   safetensors_writer w;
   const int slots = static_cast<int>(s.slots.size());
-  std::vector<std::pair<std::string, const std::vector<float>*>> tensors;
   for (std::size_t i = 0; i < s.names.size(); ++i) {
-    tensors.emplace_back("model." + s.names[i], &s.params[i]);
+    std::vector<std::uint64_t> shape = s.rows[i] == 1 ? std::vector<std::uint64_t>{s.cols[i]}
+                                                     : std::vector<std::uint64_t>{s.rows[i], s.cols[i]};
+    w.add("model." + s.names[i], s.params[i], shape);
     for (int k = 0; k < slots; ++k)
-      tensors.emplace_back("optim." + s.slot_names[static_cast<std::size_t>(k)] + "." + s.names[i],
-                           &s.slots[static_cast<std::size_t>(k)][i]);
+      w.add("optim." + s.slot_names[static_cast<std::size_t>(k)] + "." + s.names[i],
+            s.slots[static_cast<std::size_t>(k)][i], shape);
   }
-  std::vector<std::span<const std::byte>> bytes;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, values] = tensors[i];
-    const std::size_t t = i / static_cast<std::size_t>(1 + slots);
-    std::vector<std::uint64_t> shape = s.rows[t] == 1 ? std::vector<std::uint64_t>{s.cols[t]}
-                                                     : std::vector<std::uint64_t>{s.rows[t], s.cols[t]};
-    w.add(name, *values, std::move(shape));
-  }
-  // the checksum covers tensors in the order the writer lays them out
-  std::map<std::string, std::span<const std::byte>> by_name;
-  for (const auto& [name, values] : tensors)
-    by_name[name] = std::as_bytes(std::span<const float>(values->data(), values->size()));
-  for (const auto& name : w.layout_order()) bytes.push_back(by_name.at(name));
-  const std::string state = s.state.dump();
-  w.metadata("etude.state", state);
-  w.metadata("etude.checksum", detail::content_checksum(state, bytes));
-  w.write(file);
+  w.metadata("etude.state", s.state.dump());
+  w.write_digested(file, detail::checksum_key);
 }
 
 // An opened, verified checkpoint file.
@@ -203,19 +239,21 @@ class checkpoint_file {
   explicit checkpoint_file(const std::filesystem::path& file) try : file_(file), st_(file) {
     const auto& meta = st_.metadata();
     const auto state = meta.find("etude.state");
-    const auto sum = meta.find("etude.checksum");
+    const auto sum = meta.find(detail::checksum_key);
     if (state == meta.end() || sum == meta.end())
       throw checkpoint_error(file.string() + ": not an etude checkpoint (no etude.state / etude.checksum metadata)");
-    std::vector<std::span<const std::byte>> bytes;
-    std::vector<std::pair<std::uint64_t, std::string>> by_offset;
-    for (const auto& name : st_.names()) by_offset.emplace_back(st_.info(name).begin, name);
-    std::sort(by_offset.begin(), by_offset.end());
-    for (const auto& [offset, name] : by_offset) bytes.push_back(st_.info(name).bytes);
-    if (detail::content_checksum(state->second, bytes) != sum->second)
+    const bool whole_file = st_.digest_matches(detail::checksum_key);
+    if (!whole_file && !legacy_checksum_matches(state->second, sum->second))
       throw checkpoint_error(file.string() + ": checksum mismatch: the file is corrupt; use an older checkpoint");
     state_ = json::parse(state->second);
     if (state_.value("format", "") != "etude.checkpoint")
       throw checkpoint_error(file.string() + ": etude.state is not an etude checkpoint state");
+    const json version = state_.value("format_version", json(nullptr));
+    if (!version.is_number_integer() || version.get<int>() < 1 || version.get<int>() > detail::checkpoint_format)
+      throw checkpoint_error(file.string() + ": checkpoint format " + version.dump() + "; this etude reads formats 1 to " +
+                             std::to_string(detail::checkpoint_format) + " (a newer etude wrote it?)");
+    if (!whole_file && version.get<int>() != 1)  // a format-2 file must carry its whole-file digest
+      throw checkpoint_error(file.string() + ": checksum mismatch: the file is corrupt; use an older checkpoint");
     // step() must not throw a json exception later: a checksum-valid state without an integer step
     // (hand-edited and re-hashed) is refused here, where the caller expects refusals.
     if (!state_.contains("step") || !state_["step"].is_number_integer() || state_["step"].get<std::int64_t>() < 0)
@@ -234,61 +272,141 @@ class checkpoint_file {
   const safetensors_file& tensors() const { return st_; }
 
  private:
+  // Format 1 covered the state text and the tensor bytes; only a state that says format 1 may use it.
+  bool legacy_checksum_matches(const std::string& state, const std::string& sum) const {
+    std::vector<std::span<const std::byte>> bytes;
+    for (const auto& name : st_.names()) bytes.push_back(st_.info(name).bytes);  // names(): layout order
+    if (detail::legacy_checksum(state, bytes) != sum) return false;
+    const json s = json::parse(state, nullptr, false);
+    return s.is_object() && s.value("format_version", json(nullptr)) == json(1);
+  }
+
   std::filesystem::path file_;
   safetensors_file st_;
   json state_;
 };
 
-// Restores a trainer from a checkpoint file after checking that it was written by the same
-// configuration; returns the run state saved with it.
+// A checkpoint's content, read and checked, not yet put into a trainer.
+struct staged_checkpoint {
+  long step = 0;
+  std::vector<float> params, state1, state2;
+  std::optional<double> loss_scale;
+  long good_steps = 0, skipped_steps = 0;
+  run_state state;
+};
+
+// Reads and checks everything restoring `c` into `t` needs, without touching `t`: the
+// configuration (and, when `data` is given, the data) must be the trainer's, else
+// checkpoint_mismatch naming the differences; every tensor must be there, F32, of the model's
+// size and finite, and the saved run state well formed, else checkpoint_error.
 template <class Trainer>
-run_state restore(Trainer& t, const checkpoint_file& c) {
+staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, const json& data = nullptr) {
   using params = typename Trainer::params;
+  const std::string where = c.path().string();
   const json ours = describe_run(t);
   // value(): a state without these fields (checksum-valid but foreign) shows up as differences
   const json theirs{{"config", c.state().value("config", json(nullptr))},
                     {"hyper", c.state().value("hyper", json(nullptr))}};
-  auto diff = track::config_diff(ours, theirs, "the checkpoint");
-  if (!diff.empty()) {
-    std::string msg = c.path().string() + ": written by another configuration; refusing to resume. Differences:";
+  auto refuse = [&](const std::string& what, const std::vector<std::string>& diff, const std::string& hint) {
+    std::string msg = where + ": " + what + "; refusing to resume. Differences:";
     for (const auto& d : diff) msg += "\n  " + d;
-    msg += "\n(to start a new run from its weights only, use etude::io::load_weights)";
-    throw checkpoint_error(msg);
-  }
+    throw checkpoint_mismatch(msg + "\n(" + hint + ")");
+  };
+  if (auto diff = track::config_diff(ours, theirs, "the checkpoint"); !diff.empty())
+    refuse("written by another configuration", diff, "to start a new run from its weights only, use etude::io::load_weights");
+  // a format-1 checkpoint does not know its data; from format 2 on, other data is another run
+  if (const json saved = c.state().value("data", json(nullptr)); !data.is_null() && !saved.is_null())
+    if (auto diff = track::config_diff(data, saved, "the checkpoint"); !diff.empty())
+      refuse("trained on other data", diff, "resume with the data the run started on, or start a new run directory");
+
+  staged_checkpoint s;
+  s.step = c.step();
   const int slots = Trainer::optimizer_state_count;
   const auto n = static_cast<std::size_t>(params::total_elements);
-  std::vector<float> p(n, 0.0f), s1(n, 0.0f), s2(slots > 1 ? n : 0, 0.0f);
-  for (const param_desc& d : params::entries) {
-    const std::string name = param_name(d);
-    auto put = [&](std::vector<float>& into, const std::string& key) {
-      const auto values = c.tensors().template as<float>(key);
-      if (values.size() != static_cast<std::size_t>(d.numel()))
-        throw checkpoint_error(c.path().string() + ": tensor " + key + " has " + std::to_string(values.size()) +
-                               " values, the model needs " + std::to_string(d.numel()));
-      std::copy(values.begin(), values.end(), into.begin() + d.offset);
-    };
-    put(p, "model." + name);
-    put(s1, std::string("optim.") + detail::slot_name<Trainer>(0) + "." + name);
-    if (slots > 1) put(s2, std::string("optim.") + detail::slot_name<Trainer>(1) + "." + name);
+  s.params.assign(n, 0.0f);
+  s.state1.assign(n, 0.0f);
+  s.state2.assign(slots > 1 ? n : 0, 0.0f);
+  try {
+    for (const param_desc& d : params::entries) {
+      const std::string name = param_name(d);
+      auto put = [&](std::vector<float>& into, const std::string& key) {
+        if (!c.tensors().contains(key)) throw checkpoint_error(where + ": tensor " + key + " is missing");
+        const auto values = c.tensors().template as<float>(key);
+        if (values.size() != static_cast<std::size_t>(d.numel()))
+          throw checkpoint_error(where + ": tensor " + key + " has " + std::to_string(values.size()) +
+                                 " values, the model needs " + std::to_string(d.numel()));
+        if (const auto bad = detail::first_non_finite(values))
+          throw checkpoint_error(where + ": tensor " + key + " holds a non-finite value at index " +
+                                 std::to_string(*bad) + "; this checkpoint cannot continue a run");
+        std::copy(values.begin(), values.end(), into.begin() + d.offset);
+      };
+      put(s.params, "model." + name);
+      put(s.state1, std::string("optim.") + detail::slot_name<Trainer>(0) + "." + name);
+      if (slots > 1) put(s.state2, std::string("optim.") + detail::slot_name<Trainer>(1) + "." + name);
+    }
+    const json& st = c.state();
+    if (const auto ls = st.value("loss_scale", json(nullptr)); ls.is_object()) {
+      const double scale = ls.value("scale", 1.0);
+      s.good_steps = ls.value("good_steps", 0L);
+      s.skipped_steps = ls.value("skipped_steps", 0L);
+      if (!(scale > 0.0) || !std::isfinite(scale) || s.good_steps < 0 || s.skipped_steps < 0)
+        throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() + " is not a finite scale > 0 with counts >= 0");
+      s.loss_scale = scale;
+    }
+    s.state.data = st.value("data", json(nullptr));
+    s.state.loader = st.value("loader", json(nullptr));
+    if (!s.state.loader.is_null() && !s.state.loader.is_object())
+      throw checkpoint_error(where + ": etude.state: \"loader\" must be an object or null, not " + s.state.loader.dump());
+    if (const json v = st.value("valid_ce", json(nullptr)); v.is_number()) s.state.valid_ce = v.get<double>();
+    s.state.world_size = st.value("world_size", 1);
+    s.state.extra = st.value("extra", json::object());
+  } catch (const checkpoint_error&) {
+    throw;
+  } catch (const error& e) {
+    throw checkpoint_error(std::string(e.what()));
+  } catch (const json::exception& e) {
+    throw checkpoint_error(where + ": etude.state: " + e.what());
   }
+  return s;
+}
+
+// Puts a staged checkpoint into the trainer.
+template <class Trainer>
+run_state apply_restore(Trainer& t, staged_checkpoint s) {
   using state_type = typename Trainer::state_type;
   if constexpr (std::is_same_v<state_type, float>) {
-    t.restore(c.step(), p, s1, s2);
+    t.restore(s.step, s.params, s.state1, s.state2);
   } else {
-    std::vector<state_type> m1(s1.size()), m2(s2.size());
-    for (std::size_t i = 0; i < s1.size(); ++i) m1[i] = etude::convert<state_type>(s1[i]);
-    for (std::size_t i = 0; i < s2.size(); ++i) m2[i] = etude::convert<state_type>(s2[i]);
-    t.restore(c.step(), p, m1, m2);
+    std::vector<state_type> m1(s.state1.size()), m2(s.state2.size());
+    for (std::size_t i = 0; i < m1.size(); ++i) m1[i] = etude::convert<state_type>(s.state1[i]);
+    for (std::size_t i = 0; i < m2.size(); ++i) m2[i] = etude::convert<state_type>(s.state2[i]);
+    t.restore(s.step, s.params, m1, m2);
   }
-  if (const auto ls = c.state().value("loss_scale", json(nullptr)); ls.is_object())
-    t.set_loss_scale(ls.value("scale", 1.0), ls.value("good_steps", 0L), ls.value("skipped_steps", 0L));
-  run_state rs;
-  rs.loader = c.state().value("loader", json(nullptr));
-  if (c.state().contains("valid_ce") && c.state()["valid_ce"].is_number()) rs.valid_ce = c.state()["valid_ce"].get<double>();
-  rs.world_size = c.state().value("world_size", 1);
-  rs.extra = c.state().value("extra", json::object());
-  return rs;
+  if (s.loss_scale) t.set_loss_scale(*s.loss_scale, s.good_steps, s.skipped_steps);
+  return std::move(s.state);
 }
+
+// Restores a trainer from a checkpoint file after checking that it was written by the same
+// configuration; returns the run state saved with it. Nothing changes unless everything passes.
+template <class Trainer>
+run_state restore(Trainer& t, const checkpoint_file& c) {
+  return apply_restore(t, stage_restore(t, c));
+}
+
+// How checkpoint_manager::resume chooses.
+struct resume_options {
+  json data = nullptr;            // what this run trains on; a checkpoint of other data is refused
+  bool discard_unusable = false;  // when every checkpoint is unusable: set them aside, start over
+  // The caller's check of a checkpoint's run state (e.g. that its loader state fits the data);
+  // an etude::error (or a JSON error) it throws rejects the checkpoint like a corrupt one.
+  std::function<void(const run_state&)> check;
+};
+
+// A checkpoint resume() would not take, and why.
+struct rejected_checkpoint {
+  std::filesystem::path file;
+  std::string reason;
+};
 
 // Saves and finds the checkpoints of one run directory.
 class checkpoint_manager {
@@ -345,26 +463,64 @@ class checkpoint_manager {
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
 
-  // The newest checkpoint that opens and verifies: the `latest` pointer first, then the others
-  // from the newest step down; every unusable one is reported through the warning callback.
+  // The newest checkpoint by step that opens and verifies; every unusable one is reported through
+  // the warning callback. The `latest` pointer is not consulted: a stale one must not win.
   std::optional<checkpoint_file> latest() const {
-    std::vector<std::filesystem::path> candidates;
-    if (auto pointed = read_pointer()) candidates.push_back(dir_ / *pointed);
-    for (const auto& [step, file] : listing()) candidates.push_back(file);
-    std::vector<std::string> tried;
-    for (const auto& file : candidates) {
-      if (std::find(tried.begin(), tried.end(), file.string()) != tried.end()) continue;
-      tried.push_back(file.string());
+    for (const auto& [step, file] : listing()) {
       try {
-        checkpoint_file c(file);
-        if (tried.size() > 1) warn_("resuming from " + file.string() + ", the newest checkpoint that verifies");
-        return c;
+        return checkpoint_file(file);
       } catch (const error& e) {
         warn_(std::string("skipping unusable checkpoint: ") + e.what());
       }
     }
     return std::nullopt;
   }
+
+  // Restores `t` from the newest checkpoint that verifies and passes every check of
+  // stage_restore and `o.check`; older ones are tried in turn. Returns its run state, or nullopt
+  // when the directory holds no checkpoint (a new run). Checkpoints newer than the one taken were
+  // rejected: they are moved to rejected/ (kept, never deleted), so retention and later resumes
+  // do not count them. When every checkpoint is rejected, throws no_usable_checkpoint naming
+  // each file and why, and changes nothing — unless o.discard_unusable, which moves them all to
+  // rejected/ and returns nullopt. A checkpoint_mismatch (another configuration or other data)
+  // is thrown at once: it is a different run, not a damaged one.
+  template <class Trainer>
+  std::optional<run_state> resume(Trainer& t, const resume_options& o = {}) {
+    rejected_.clear();
+    for (const auto& [step, file] : listing()) {
+      try {
+        const checkpoint_file c(file);
+        staged_checkpoint staged = stage_restore(t, c, o.data);
+        if (o.check) o.check(staged.state);
+        run_state rs = apply_restore(t, std::move(staged));
+        if (!rejected_.empty()) {
+          warn_("resuming from " + file.string() + ", the newest checkpoint that verifies and restores");
+          set_aside(rejected_);
+        }
+        return rs;
+      } catch (const checkpoint_mismatch&) {
+        throw;
+      } catch (const error& e) {
+        reject(file, e.what());
+      } catch (const json::exception& e) {
+        reject(file, file.string() + ": " + e.what());
+      }
+    }
+    if (rejected_.empty()) return std::nullopt;
+    if (!o.discard_unusable) {
+      std::string msg = dir_.string() + ": none of its " + std::to_string(rejected_.size()) +
+                        " checkpoints can be resumed, and starting over was not asked for; nothing was changed:";
+      for (const auto& r : rejected_) msg += "\n  " + r.reason;
+      throw no_usable_checkpoint(msg + "\n(inspect them, or start over from step 0: resume_options::discard_unusable "
+                                       "moves them to " + (dir_ / "rejected").string() + ")");
+    }
+    set_aside(rejected_);
+    warn_("starting over from step 0: no checkpoint could be resumed");
+    return std::nullopt;
+  }
+
+  // The checkpoints the last resume() rejected, newest first, with the reasons.
+  const std::vector<rejected_checkpoint>& rejected() const noexcept { return rejected_; }
 
   const std::filesystem::path& directory() const { return dir_; }
 
@@ -377,6 +533,25 @@ class checkpoint_manager {
     return file;
   }
 
+  void reject(const std::filesystem::path& file, std::string reason) {
+    warn_("skipping unusable checkpoint: " + reason);
+    rejected_.push_back({file, std::move(reason)});
+  }
+
+  // Moves rejected checkpoints to rejected/ (numbered if a file of that name is there already).
+  void set_aside(const std::vector<rejected_checkpoint>& files) {
+    const auto aside = dir_ / "rejected";
+    std::error_code ec;
+    std::filesystem::create_directories(aside, ec);
+    for (const auto& r : files) {
+      auto to = aside / r.file.filename();
+      for (int i = 1; std::filesystem::exists(to, ec); ++i) to = aside / (r.file.filename().string() + "." + std::to_string(i));
+      std::filesystem::rename(r.file, to, ec);
+      if (ec) warn_("could not move unusable checkpoint " + r.file.string() + " aside: " + ec.message());
+      else warn_("moved unusable checkpoint " + r.file.string() + " to " + to.string());
+    }
+  }
+
   std::vector<std::pair<long, std::filesystem::path>> listing() const {
     std::vector<std::pair<long, std::filesystem::path>> out;
     for (const auto& entry : std::filesystem::directory_iterator(dir_))
@@ -385,19 +560,7 @@ class checkpoint_manager {
     return out;
   }
 
-  std::optional<std::string> read_pointer() const {
-    std::FILE* f = std::fopen((dir_ / "latest").c_str(), "r");
-    if (f == nullptr) return std::nullopt;
-    char line[256] = {};
-    const bool ok = std::fgets(line, sizeof line, f) != nullptr;
-    std::fclose(f);
-    if (!ok) return std::nullopt;
-    std::string name(line);
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-    if (!detail::step_of(name)) return std::nullopt;
-    return name;
-  }
-
+  // Other tools read the newest checkpoint's name here; etude itself goes by the files.
   void write_pointer(const std::string& name) {
     etude::detail::atomic_file f(dir_ / "latest");
     const std::string line = name + "\n";
@@ -444,6 +607,7 @@ class checkpoint_manager {
   std::thread worker_;
   std::exception_ptr failure_;
   std::atomic<bool> done_{true};
+  std::vector<rejected_checkpoint> rejected_;
 };
 
 // Weights only, for generation or fine-tuning: one safetensors file with the table's tensor

@@ -21,6 +21,11 @@
 // carries "format": "pt" in its metadata, as PyTorch-side loaders expect. The file appears under its
 // name only once complete and on disk (temporary file, fsync, rename, fsync of the directory).
 //
+// A file may carry its own digest (write_digested / digest_matches): a metadata value holding the
+// XXH64 of every byte of the file as written, with that value's own 16 hex digits read as '0'. It
+// covers the size field, the header (names, dtypes, shapes, offsets, every metadata entry, the
+// padding) and the data, so no flipped bit anywhere goes unnoticed.
+//
 // Not for: what a checkpoint holds (optimiser state, step counters), or mapping names to other
 // tools (hf_names.hpp). Host-only: needs nlohmann_json and POSIX.
 #pragma once
@@ -48,6 +53,7 @@
 
 #include "etude/core/error.hpp"
 #include "etude/core/detail/posix_file.hpp"
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
 #include "etude/io/detail/float16.hpp"
 #include "etude/io/detail/strict_json.hpp"
@@ -93,6 +99,22 @@ inline std::string dtype_list() {
 constexpr std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
   if (a != 0 && b > UINT64_MAX / a) return std::nullopt;
   return a * b;
+}
+
+// Where the 16 digits of metadata `key` with value `digits` start in header text, if that entry
+// appears exactly once as etude writes it ("key":"digits"). Inside a JSON string a quote is
+// escaped, so the pattern cannot hide in another value.
+inline std::optional<std::size_t> digest_position(std::string_view header, std::string_view key,
+                                                  std::string_view digits) {
+  if (digits.size() != 16 || key.find_first_of("\"\\") != std::string_view::npos) return std::nullopt;
+  std::string needle = "\"";
+  needle.append(key);
+  needle += "\":\"";
+  needle.append(digits);
+  needle += '"';
+  const std::size_t first = header.find(needle);
+  if (first == std::string_view::npos || header.find(needle, first + 1) != std::string_view::npos) return std::nullopt;
+  return first + needle.size() - 17;
 }
 
 inline std::string shape_text(const std::vector<std::uint64_t>& shape) {
@@ -175,6 +197,15 @@ class safetensors_file {
   const std::map<std::string, std::string, std::less<>>& metadata() const noexcept { return metadata_; }
   // N, the header's size in bytes (padding included); the data region starts at 8 + N.
   std::uint64_t header_bytes() const noexcept { return header_bytes_; }
+  // Every byte of the file, as mapped.
+  std::span<const std::byte> file_bytes() const noexcept {
+    return {reinterpret_cast<const std::byte*>(map_.data()), static_cast<std::size_t>(map_.size())};
+  }
+
+  // Whether metadata `key` holds the digest of this file that write_digested() stores: false when
+  // the key is missing, is not 16 hex digits, appears other than exactly once as written, or the
+  // bytes disagree.
+  bool digest_matches(std::string_view key) const;
 
   const tensor_info& info(std::string_view name) const {
     const auto it = tensors_.find(name);
@@ -422,6 +453,24 @@ class safetensors_file {
 // Collects tensors and metadata, then writes one safetensors file atomically. Tensor bytes are
 // referenced, not copied: they must stay valid until write() returns (a writer of a 1 GB model
 // must not need another 1 GB). add() checks each tensor at once, so a mistake names its tensor.
+inline bool safetensors_file::digest_matches(std::string_view key) const {
+  const auto it = metadata_.find(key);
+  if (it == metadata_.end() || it->second.size() != 16 ||
+      it->second.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return false;
+  const auto bytes = file_bytes();
+  const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<std::size_t>(header_bytes_));
+  const auto at = detail::digest_position(header, key, it->second);
+  if (!at) return false;
+  const std::size_t digits = 8 + *at;
+  etude::detail::xxhash64 h;
+  h.update(bytes.data(), digits);
+  h.update(std::string_view("0000000000000000"));
+  h.update(bytes.data() + digits + 16, bytes.size() - digits - 16);
+  char hex[17];
+  return etude::detail::hex64(h.digest(), hex) == it->second;
+}
+
 class safetensors_writer {
  public:
   safetensors_writer() { metadata_.emplace("format", "pt"); }
@@ -498,8 +547,31 @@ class safetensors_writer {
     return text;
   }
 
-  void write(const std::filesystem::path& path) const {
-    const std::string text = header();
+  void write(const std::filesystem::path& path) const { write_file(path, header()); }
+
+  // write(), with metadata `key` set to the digest of the whole file (see the top of this header):
+  // the header is laid out with 16 '0' digits as the value, every byte of the file is hashed, and
+  // the digits are filled in; the file is written once.
+  void write_digested(const std::filesystem::path& path, const std::string& key) {
+    metadata(key, std::string(16, '0'));
+    std::string text = header();
+    const auto at = detail::digest_position(text, key, std::string(16, '0'));
+    if (!at) throw invalid_argument(path.string() + ": safetensors_writer: metadata \"" + key + "\" cannot hold a digest");
+    etude::detail::xxhash64 h;
+    const std::uint64_t n = text.size();
+    h.update(&n, 8);
+    h.update(text);
+    for (const auto* e : sorted())
+      if (!e->bytes.empty()) h.update(e->bytes.data(), e->bytes.size());
+    char hex[17];
+    const auto digits = etude::detail::hex64(h.digest(), hex);
+    text.replace(*at, 16, digits);
+    metadata_.insert_or_assign(key, std::string(digits));
+    write_file(path, text);
+  }
+
+ private:
+  void write_file(const std::filesystem::path& path, const std::string& text) const {
     if (text.size() > safetensors_file::max_header_bytes)
       throw invalid_argument(path.string() + ": the safetensors header would be " + std::to_string(text.size()) +
                              " bytes, over the " + std::to_string(safetensors_file::max_header_bytes) +
@@ -519,7 +591,6 @@ class safetensors_writer {
     }
   }
 
- private:
   struct entry {
     std::string name;
     dtype type;
