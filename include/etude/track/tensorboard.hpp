@@ -1,8 +1,9 @@
 // TensorBoard scalars without TensorFlow or protobuf: a writer of
 // `events.out.tfevents.<unix time>.<hostname>` files (TFRecord framing of serialized
 // tensorflow.Event messages, encoded by hand) and a small reader of the same subset, which
-// verifies both CRCs of every record. Output is deterministic apart from wall_time, and the
-// clock can be injected. Host-only.
+// verifies both CRCs of every record, and truncate_events, which cuts a file back to a step (a
+// resumed run's events continue from its checkpoint). Output is deterministic apart from
+// wall_time, and the clock can be injected. Host-only.
 //
 // What is written (field numbers from tensorflow/core/util/event.proto and summary.proto):
 //   record 0:  Event{wall_time = 1 (double), file_version = 3 (string) "brain.Event:2"}
@@ -168,67 +169,154 @@ struct event {
   std::vector<scalar_value> values;
 };
 
-// Every record of a TFRecord file of Events, in order. Both CRCs of each record are verified; a
-// mismatch, a truncated record or a malformed message raises data_error naming the file, the
-// record and its byte offset.
-inline std::vector<event> read_events(const std::filesystem::path& file) {
-  etude::detail::mapped_file f(file);
-  const auto* b = f.data();
-  const std::uint64_t size = f.size();
+namespace detail {
+
+// One parsed record and the bytes it spans in the file (framing included).
+struct event_record {
+  event e;
+  std::uint64_t begin = 0, end = 0;
+};
+
+struct event_scan {
+  std::vector<event_record> records;
+  std::uint64_t good_bytes = 0;  // where the first bad record starts (the file size when none)
+  std::string problem;           // why the scan stopped early (empty: it did not)
+};
+
+inline event parse_event(std::string_view d, const std::string& where) {
+  event e;
+  detail::proto_reader r(d, where);
+  while (!r.done()) {
+    const auto [field, w] = r.tag();
+    if (field == 1 && w == detail::wire::fixed64) {
+      e.wall_time = std::bit_cast<double>(r.fixed(8));
+    } else if (field == 2 && w == detail::wire::varint) {
+      e.step = static_cast<std::int64_t>(r.varint());
+    } else if (field == 3 && w == detail::wire::length) {
+      e.file_version = std::string(r.length_delimited());
+    } else if (field == 5 && w == detail::wire::length) {
+      detail::proto_reader summary(r.length_delimited(), where);
+      while (!summary.done()) {
+        const auto [sf, sw] = summary.tag();
+        if (sf != 1 || sw != detail::wire::length) {
+          summary.skip(sw);
+          continue;
+        }
+        detail::proto_reader value(summary.length_delimited(), where);
+        scalar_value v;
+        while (!value.done()) {
+          const auto [vf, vw] = value.tag();
+          if (vf == 1 && vw == detail::wire::length) v.tag = std::string(value.length_delimited());
+          else if (vf == 2 && vw == detail::wire::fixed32) v.value = std::bit_cast<float>(static_cast<std::uint32_t>(value.fixed(4)));
+          else value.skip(vw);
+        }
+        e.values.push_back(std::move(v));
+      }
+    } else {
+      r.skip(w);
+    }
+  }
+  return e;
+}
+
+// The records of a TFRecord file of Events. strict: the first bad record raises data_error naming
+// the file, the record and its offset; otherwise the scan stops there and says why.
+inline event_scan scan_events(const unsigned char* b, std::uint64_t size, const std::filesystem::path& file, bool strict) {
   auto le = [&](std::uint64_t at, int bytes) {
     std::uint64_t v = 0;
     for (int i = 0; i < bytes; ++i) v |= std::uint64_t{b[at + static_cast<std::uint64_t>(i)]} << (8 * i);
     return v;
   };
-  std::vector<event> out;
-  for (std::uint64_t at = 0; at < size;) {
-    const std::string where = file.string() + ": record " + std::to_string(out.size()) + " at byte " + std::to_string(at);
-    if (size - at < 12) throw data_error(where + ": truncated record header; the writer was probably interrupted");
-    const std::uint64_t len = le(at, 8);
-    if (static_cast<std::uint32_t>(le(at + 8, 4)) != etude::detail::masked_crc32c(etude::detail::crc32c(b + at, 8)))
-      throw data_error(where + ": length CRC mismatch; the file is corrupt");
-    if (len > size - at - 12 || size - at - 12 - len < 4)
-      throw data_error(where + ": truncated record (length " + std::to_string(len) + " runs past the end of the file)");
-    const auto* d = b + at + 12;
-    if (static_cast<std::uint32_t>(le(at + 12 + len, 4)) != etude::detail::masked_crc32c(etude::detail::crc32c(d, static_cast<std::size_t>(len))))
-      throw data_error(where + ": data CRC mismatch; the file is corrupt");
-    at += 16 + len;
-
-    event e;
-    detail::proto_reader r({reinterpret_cast<const char*>(d), static_cast<std::size_t>(len)}, where);
-    while (!r.done()) {
-      const auto [field, w] = r.tag();
-      if (field == 1 && w == detail::wire::fixed64) {
-        e.wall_time = std::bit_cast<double>(r.fixed(8));
-      } else if (field == 2 && w == detail::wire::varint) {
-        e.step = static_cast<std::int64_t>(r.varint());
-      } else if (field == 3 && w == detail::wire::length) {
-        e.file_version = std::string(r.length_delimited());
-      } else if (field == 5 && w == detail::wire::length) {
-        detail::proto_reader summary(r.length_delimited(), where);
-        while (!summary.done()) {
-          const auto [sf, sw] = summary.tag();
-          if (sf != 1 || sw != detail::wire::length) {
-            summary.skip(sw);
-            continue;
-          }
-          detail::proto_reader value(summary.length_delimited(), where);
-          scalar_value v;
-          while (!value.done()) {
-            const auto [vf, vw] = value.tag();
-            if (vf == 1 && vw == detail::wire::length) v.tag = std::string(value.length_delimited());
-            else if (vf == 2 && vw == detail::wire::fixed32) v.value = std::bit_cast<float>(static_cast<std::uint32_t>(value.fixed(4)));
-            else value.skip(vw);
-          }
-          e.values.push_back(std::move(v));
-        }
-      } else {
-        r.skip(w);
+  event_scan s;
+  std::uint64_t at = 0;
+  for (; at < size;) {
+    const std::string where = file.string() + ": record " + std::to_string(s.records.size()) + " at byte " + std::to_string(at);
+    std::string problem;
+    std::uint64_t len = 0;
+    if (size - at < 12) {
+      problem = where + ": truncated record header; the writer was probably interrupted";
+    } else {
+      len = le(at, 8);
+      if (static_cast<std::uint32_t>(le(at + 8, 4)) != etude::detail::masked_crc32c(etude::detail::crc32c(b + at, 8)))
+        problem = where + ": length CRC mismatch; the file is corrupt";
+      else if (len > size - at - 12 || size - at - 12 - len < 4)
+        problem = where + ": truncated record (length " + std::to_string(len) + " runs past the end of the file)";
+      else if (static_cast<std::uint32_t>(le(at + 12 + len, 4)) !=
+               etude::detail::masked_crc32c(etude::detail::crc32c(b + at + 12, static_cast<std::size_t>(len))))
+        problem = where + ": data CRC mismatch; the file is corrupt";
+    }
+    if (problem.empty()) {
+      try {
+        s.records.push_back({parse_event({reinterpret_cast<const char*>(b + at + 12), static_cast<std::size_t>(len)}, where),
+                             at, at + 16 + len});
+        at += 16 + len;
+        continue;
+      } catch (const data_error& e) {
+        if (strict) throw;
+        problem = e.what();
       }
     }
-    out.push_back(std::move(e));
+    if (strict) throw data_error(problem);
+    s.problem = std::move(problem);
+    break;
   }
+  s.good_bytes = at;
+  return s;
+}
+
+}  // namespace detail
+
+// Every record of a TFRecord file of Events, in order. Both CRCs of each record are verified; a
+// mismatch, a truncated record or a malformed message raises data_error naming the file, the
+// record and its byte offset.
+inline std::vector<event> read_events(const std::filesystem::path& file) {
+  etude::detail::mapped_file f(file);
+  auto scan = detail::scan_events(f.data(), f.size(), file, true);
+  std::vector<event> out;
+  out.reserve(scan.records.size());
+  for (auto& r : scan.records) out.push_back(std::move(r.e));
   return out;
+}
+
+// What truncate_events did to one file.
+struct events_truncation {
+  std::size_t kept = 0;       // records kept, the file-version record included
+  std::size_t scalars = 0;    // of them, events holding values
+  std::size_t removed = 0;    // events of later steps
+  std::string dropped_tail;   // why bytes at the end were dropped (a torn or corrupt record), or empty
+};
+
+// Keeps the records of `file` up to step `last_step` (the file-version record included) and drops
+// later events and whatever follows the first torn or corrupt record, rewriting the file beside
+// itself and renaming it into place. A resumed run calls it so that its events continue from its
+// checkpoint: TensorBoard then shows each step once. Nothing is rewritten when nothing changes.
+inline events_truncation truncate_events(const std::filesystem::path& file, std::int64_t last_step) {
+  events_truncation t;
+  std::string kept;
+  bool changed = false;
+  {
+    const etude::detail::mapped_file f(file);
+    const auto scan = detail::scan_events(f.data(), f.size(), file, false);
+    for (const auto& r : scan.records) {
+      if (r.e.file_version.empty() && r.e.step > last_step) {
+        ++t.removed;
+        changed = true;
+        continue;
+      }
+      ++t.kept;
+      if (!r.e.values.empty()) ++t.scalars;
+      kept.append(reinterpret_cast<const char*>(f.data() + r.begin), static_cast<std::size_t>(r.end - r.begin));
+    }
+    if (!scan.problem.empty()) {
+      t.dropped_tail = scan.problem;
+      changed = true;
+    }
+  }
+  if (!changed) return t;
+  etude::detail::atomic_file out(file);
+  out.write(kept.data(), kept.size());
+  out.commit();
+  return t;
 }
 
 // Seconds since the Unix epoch, as Event.wall_time carries them.
@@ -328,6 +416,14 @@ class tensorboard_writer {
       n -= static_cast<std::size_t>(w);
     }
     buffer_.clear();
+  }
+
+  // Flushes, then forces the file to disk: a run calls it before each checkpoint, so the events
+  // a checkpoint covers survive a kill or a power cut with it.
+  void sync() {
+    flush();
+    if (fd_ && ::fsync(fd_.get()) != 0)
+      throw data_error(file_.string() + ": fsync of TensorBoard events failed: " + etude::detail::errno_text(errno));
   }
 
   // Flushes and closes the file; later scalars raise invalid_argument.

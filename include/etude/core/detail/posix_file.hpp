@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -186,5 +188,20 @@ class atomic_file {
   unique_fd fd_;
   bool committed_ = false;
 };
+
+// The target name of an atomic_file temporary ("." + target + ".tmp." + 6 letters or digits, as
+// mkstemp fills them), or nullopt for any other name: how a run finds the leftovers of saves a
+// kill interrupted, without touching files it did not make.
+inline std::optional<std::string> atomic_temporary_target(const std::string& name) {
+  constexpr std::string_view suffix = ".tmp.";
+  if (name.size() < 1 + 1 + suffix.size() + 6 || name.front() != '.') return std::nullopt;
+  const std::size_t tail = name.size() - 6;
+  if (name.compare(tail - suffix.size(), suffix.size(), suffix) != 0) return std::nullopt;
+  for (std::size_t i = tail; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return std::nullopt;
+  }
+  return name.substr(1, tail - suffix.size() - 1);
+}
 
 }  // namespace etude::detail
