@@ -26,6 +26,7 @@
 #include <etude/etude.hpp>
 #include <etude/io/checkpoint.hpp>
 #include <etude/track/metrics_log.hpp>
+#include <etude/track/run_directory.hpp>
 #include <etude/track/tensorboard.hpp>
 
 #include "train_tiny_config.hpp"
@@ -53,7 +54,8 @@ struct options {
   long valid_every = 100;
   long checkpoint_every = 100;
   long stop_after = 0;  // stop (as if interrupted) after this many steps of this invocation
-  bool fresh = false;   // ignore and remove what the run directory holds
+  bool fresh = false;   // remove what etude wrote in the run directory first
+  bool discard_unusable = false;  // when no checkpoint can be resumed, set them aside and start over
   int workers = 1;
   unsigned long long seed = 42;
   fs::path run_dir = "runs/tiny";
@@ -78,6 +80,7 @@ options parse(int argc, char** argv) {
     else if (a == "--checkpoint-every") o.checkpoint_every = std::stol(value());
     else if (a == "--stop-after") o.stop_after = std::stol(value());
     else if (a == "--fresh") o.fresh = true;
+    else if (a == "--discard-unusable") o.discard_unusable = true;
     else if (a == "--workers") o.workers = std::stoi(value());
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--run-dir") o.run_dir = value();
@@ -179,7 +182,9 @@ template <class Trainer>
 json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
                 const json& summary, const std::vector<std::string>& checkpoints) {
   json r;
-  r["run_id"] = o.run_dir.filename().string();
+  fs::path named = fs::absolute(o.run_dir).lexically_normal();
+  if (named.filename().empty()) named = named.parent_path();  // "runs/tiny/"
+  r["run_id"] = named.filename().string();
   r["parent_run"] = nullptr;
   r["code_commit"] = etude::io::code_version();
   r["etude_version"] = etude::version_string;
@@ -212,18 +217,9 @@ void write_json(const fs::path& file, const json& j) {
 
 // The main job on one trainer, whichever backend it runs on.
 template <class Trainer>
-int run(const options& o, Trainer& trainer) {
-
-  if (o.fresh) fs::remove_all(o.run_dir);
-  fs::create_directories(o.run_dir);
-  etude::io::checkpoint_manager checkpoints(o.run_dir / "checkpoints", {.keep_last = 2, .milestone_every = 0,
-                                                                         .keep_best = true});
-  std::optional<etude::io::run_state> resumed;
-  if (auto latest = checkpoints.latest()) {
-    resumed = etude::io::restore(trainer, *latest);
-    std::printf("resuming %s from %s at step %ld\n", o.run_dir.string().c_str(), latest->path().string().c_str(),
-                trainer.steps_done());
-  }
+int run(const options& o, Trainer& trainer, const std::string& command) {
+  // the directory first: nothing is read, removed or written before the lock is held
+  etude::track::run_directory dir(o.run_dir, {.fresh = o.fresh, .command = command});
 
   // --- data: the chorales through the loader, or the synthetic corpus ---------------------------
   std::optional<etude::data::dataset> dataset;
@@ -232,24 +228,20 @@ int run(const options& o, Trainer& trainer) {
   validation_set valid;
   std::string data_name;
   json data_record;
-  auto counts = unigram_counts(tiny.card);
+  etude::data::loader_config lc;
   if (o.synthetic) {
     synthetic.emplace(etude::data::synthetic_config{.codebooks = 4, .card = tiny.card, .states = 16, .branching = 2});
     data_name = "synthetic (known entropy rate)";
     data_record = {{"name", "synthetic"}, {"entropy_rate", synthetic->entropy_rate()}};
-    for (int i = 0; i < 4; ++i) valid.batches.push_back(synthetic->sample(o.batch, o.frames, (1u << 30) + i));
-    for (int i = 0; i < 16; ++i) count_unigrams(counts, synthetic->sample(o.batch, o.frames, (1u << 29) + i));
   } else {
     dataset.emplace(o.data / "manifest.json");
     const auto& m = dataset->description();
     data_name = m.name + " v" + m.version + " (" + o.data.string() + ")";
     data_record = {{"name", m.name},
                    {"version", m.version},
-                   {"manifest", o.data.string()},
                    {"codec", {{"name", m.codec.name}, {"version", m.codec.version}}},
                    {"train_fingerprint", dataset->fingerprint("train")},
                    {"valid_fingerprint", dataset->fingerprint("valid")}};
-    etude::data::loader_config lc;
     lc.batch_size = o.batch;
     lc.segment_frames = o.frames;
     lc.seed = o.seed;
@@ -257,9 +249,42 @@ int run(const options& o, Trainer& trainer) {
     lc.codebooks = tiny.codebooks;
     lc.card = tiny.card;
     lc.tail = etude::data::last_batch::drop;  // every step sees a full batch
-    std::optional<etude::data::loader_state> loader_state;
-    if (resumed && !resumed->loader.is_null()) loader_state = resumed->loader.get<etude::data::loader_state>();
-    train_loader.emplace(dataset->split("train"), lc, loader_state);
+  }
+  // what a checkpoint of this run must have trained on: the data and how it is cut into batches
+  // (the manifest's location may move; its content may not)
+  json data_identity = data_record;
+  data_identity["batch"] = o.batch;
+  data_identity["frames"] = o.frames;
+
+  // --- resume: the newest checkpoint that verifies, restores, and whose loader state fits -------
+  etude::io::checkpoint_manager checkpoints(dir.checkpoints(), {.keep_last = 2, .milestone_every = 0, .keep_best = true});
+  std::optional<etude::io::run_state> resumed;
+  try {
+    resumed = checkpoints.resume(trainer, {.data = data_identity,
+                                           .discard_unusable = o.discard_unusable,
+                                           .check = [&](const etude::io::run_state& rs) {
+                                             if (!dataset) return;
+                                             std::optional<etude::data::loader_state> state;
+                                             if (!rs.loader.is_null()) state = rs.loader.get<etude::data::loader_state>();
+                                             train_loader.reset();
+                                             train_loader.emplace(dataset->split("train"), lc, state);
+                                           }});
+  } catch (const etude::io::no_usable_checkpoint& e) {
+    throw etude::io::no_usable_checkpoint(std::string(e.what()) +
+                                          "\n(train_tiny: --discard-unusable moves them aside and starts over)");
+  }
+  if (resumed)
+    std::printf("resuming %s at step %ld\n", o.run_dir.string().c_str(), trainer.steps_done());
+  if (dataset && !train_loader) train_loader.emplace(dataset->split("train"), lc);
+  // every record follows the checkpoint: later metrics lines and TensorBoard events are cut off
+  dir.rewind(trainer.steps_done());
+  data_record["manifest"] = o.data.string();
+
+  auto counts = unigram_counts(tiny.card);
+  if (synthetic) {
+    for (int i = 0; i < 4; ++i) valid.batches.push_back(synthetic->sample(o.batch, o.frames, (1u << 30) + i));
+    for (int i = 0; i < 16; ++i) count_unigrams(counts, synthetic->sample(o.batch, o.frames, (1u << 29) + i));
+  } else {
     // one deterministic pass over a split: every example once, its first segment, no workers
     auto one_pass = lc;
     one_pass.epochs = 1;
@@ -285,12 +310,10 @@ int run(const options& o, Trainer& trainer) {
   score_unigrams(valid, counts, o.frames);
   data_record["unigram_baseline"] = valid.unigram;
 
-  // the metrics of a resumed run continue from its checkpoint: later lines are dropped
-  auto metrics = resumed ? etude::track::metrics_log::resume(o.run_dir / "metrics.jsonl", trainer.steps_done())
-                         : etude::track::metrics_log(o.run_dir / "metrics.jsonl");
-  etude::track::tensorboard_writer board(o.run_dir / "tensorboard");
+  etude::track::metrics_log metrics(dir.metrics());
+  etude::track::tensorboard_writer board(dir.tensorboard());
   std::vector<std::string> saved;
-  write_json(o.run_dir / "run.json", run_record(o, trainer, data_record, "running", json::object(), saved));
+  write_json(dir.record(), run_record(o, trainer, data_record, "running", json::object(), saved));
 
   std::printf("etude %s | tiny: K=4 C=%d dim 256, 4 layers, 4 heads, delay pattern | %lld parameters\n",
               etude::version_string, tiny.card, static_cast<long long>(lm::params::parameter_count()));
@@ -304,7 +327,11 @@ int run(const options& o, Trainer& trainer) {
               valid.unigram, per_codebook(valid.unigram_ce).c_str());
 
   auto checkpoint = [&](bool async) {
+    // the records a checkpoint covers reach the disk before it does
+    metrics.sync();
+    board.sync();
     etude::io::run_state rs;
+    rs.data = data_identity;
     if (train_loader) rs.loader = train_loader->state();
     rs.valid_ce = last_valid.ce;
     if (async) checkpoints.save_async(trainer, rs);
@@ -351,7 +378,7 @@ int run(const options& o, Trainer& trainer) {
     if (stopping) {
       checkpoints.wait();
       board.close();
-      write_json(o.run_dir / "run.json", run_record(o, trainer, data_record, "interrupted",
+      write_json(dir.record(), run_record(o, trainer, data_record, "interrupted",
                                                     {{"step", st.step}, {"train_ce", st.ce}}, saved));
       std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
       return 0;
@@ -360,12 +387,12 @@ int run(const options& o, Trainer& trainer) {
   checkpoints.wait();
   board.close();
   const bool learned = last_valid.ce < valid.unigram;
-  write_json(o.run_dir / "run.json",
+  write_json(dir.record(),
              run_record(o, trainer, data_record, "finished",
                         {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid.unigram}},
                         saved));
   std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
-              learned ? "below" : "NOT below", (o.run_dir / "run.json").string().c_str());
+              learned ? "below" : "NOT below", dir.record().string().c_str());
   return learned ? 0 : 1;
 }
 
@@ -387,17 +414,19 @@ extern template class etude::trainer<cfg, etude::backend::cuda>;
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   if (o.device == "cuda") {
 #ifdef ETUDE_TRAIN_TINY_CUDA
     etude::trainer<cfg, etude::backend::cuda> trainer{hyperparameters(o)};
-    return run(o, trainer);
+    return run(o, trainer, command);
 #else
     throw etude::invalid_argument("--device cuda: this train_tiny was built without CUDA (no nvcc when it was "
                                   "configured); rebuild on a machine with the CUDA toolkit, or use --device cpu");
 #endif
   }
   etude::cpu_trainer<cfg> trainer{hyperparameters(o)};
-  return run(o, trainer);
+  return run(o, trainer, command);
 } catch (const etude::error& e) {
   std::fprintf(stderr, "train_tiny: %s\n", e.what());
   return 2;
