@@ -1,6 +1,7 @@
 // libFuzzer harness for etude::data::manifest: the input is the manifest's JSON text, read both
 // through manifest::load (the file path) and manifest::from_json over the parsed text. Any input
-// must load or be refused with an etude::error; anything else is a bug.
+// must load or be refused with an etude::error; a manifest that loads must read back the same
+// from what it writes (a refusal there is a bug too); anything else is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -21,7 +22,14 @@ void touch(const data::manifest& m) {
     sink = sink + m.fingerprint(s.name).size();
     for (const auto& e : s.shards) sink = sink + e.file.size() + e.checksum;
   }
-  (void)m.to_json().dump();
+  // what is accepted is taken whole: written back, it reads again as the same manifest
+  const auto text = m.to_json().dump();
+  try {
+    const auto again = data::manifest::from_json(nlohmann::ordered_json::parse(text), "fuzz (round trip)");
+    if (again.to_json().dump() != text) __builtin_trap();
+  } catch (...) {
+    __builtin_trap();
+  }
 }
 }  // namespace
 

@@ -15,14 +15,16 @@
 #include <etude/io/checkpoint.hpp>
 #include <etude/io/safetensors.hpp>
 
+#include "fuzz_model.hpp"
+
 namespace fs = std::filesystem;
 namespace data = etude::data;
 namespace io = etude::io;
 
 namespace {
 
-constexpr etude::shape tiny{.codebooks = 2, .card = 16, .dim = 8, .heads = 2, .layers = 1, .max_len = 32};
-using trainer_t = etude::cpu_trainer<etude::train_config<etude::model<tiny, etude::pattern::delay<0, 1>>>>;
+using etude::fuzz::tiny;
+using etude::fuzz::trainer_t;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -61,11 +63,7 @@ void safetensors_seeds(const fs::path& dir) {
 }
 
 void checkpoint_seeds(const fs::path& dir, const fs::path& scratch) {
-  etude::hyper h;
-  h.lr = 3e-3;
-  h.warmup_steps = 1;
-  h.total_steps = 4;
-  trainer_t t{h};
+  trainer_t t{etude::fuzz::hyper()};
   etude::token_batch b(2, tiny.codebooks, 8);
   etude::rng r(7);
   for (auto& x : b.tokens) x = static_cast<etude::token_t>(r.below(tiny.card));

@@ -27,9 +27,9 @@ extra_include=()
 
 probe="$build/probe"
 if ! command -v "$fuzz_cxx" >/dev/null 2>&1 ||
-   ! printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
-     "$fuzz_cxx" -x c++ - -fsanitize=fuzzer,address,undefined -o "$probe" >/dev/null 2>&1; then
-  echo "fuzz: skipped: $fuzz_cxx cannot build with -fsanitize=fuzzer (install clang and its libFuzzer runtime)"
+   ! printf '#include <omp.h>\nextern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return omp_get_max_threads() < 0; }\n' |
+     "$fuzz_cxx" -x c++ - -fopenmp -fsanitize=fuzzer,address,undefined -o "$probe" >/dev/null 2>&1; then
+  echo "fuzz: skipped: $fuzz_cxx cannot build with -fsanitize=fuzzer and -fopenmp (install clang, its libFuzzer runtime and libomp)"
   exit 0
 fi
 
@@ -41,7 +41,7 @@ for t in $targets; do
   if stale "$bin"; then
     echo "fuzz: building fuzz_$t"
     "$fuzz_cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-      -Iinclude "${extra_include[@]}" "tests/fuzz/fuzz_$t.cpp" -o "$bin"
+      -fopenmp -Iinclude "${extra_include[@]}" "tests/fuzz/fuzz_$t.cpp" -o "$bin" -lopenblas
   fi
 done
 

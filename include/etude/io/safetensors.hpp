@@ -549,14 +549,19 @@ class safetensors_writer {
 
   void write(const std::filesystem::path& path) const { write_file(path, header()); }
 
-  // write(), with metadata `key` set to the digest of the whole file (see the top of this header):
-  // the header is laid out with 16 '0' digits as the value, every byte of the file is hashed, and
-  // the digits are filled in; the file is written once.
+  // write(), with metadata `key` set to the digest of the whole file (see the top of this header).
   void write_digested(const std::filesystem::path& path, const std::string& key) {
+    write_file(path, digested_header(key));
+  }
+
+  // The header write_digested() stores: laid out with 16 '0' digits as the value of `key`, every
+  // byte of the file-to-be hashed, and the digits filled in. The file is the 8-byte size, this
+  // header, then the tensors' bytes in layout_order().
+  std::string digested_header(const std::string& key) {
     metadata(key, std::string(16, '0'));
     std::string text = header();
     const auto at = detail::digest_position(text, key, std::string(16, '0'));
-    if (!at) throw invalid_argument(path.string() + ": safetensors_writer: metadata \"" + key + "\" cannot hold a digest");
+    if (!at) throw invalid_argument("safetensors_writer: metadata \"" + key + "\" cannot hold a digest");
     etude::detail::xxhash64 h;
     const std::uint64_t n = text.size();
     h.update(&n, 8);
@@ -567,7 +572,7 @@ class safetensors_writer {
     const auto digits = etude::detail::hex64(h.digest(), hex);
     text.replace(*at, 16, digits);
     metadata_.insert_or_assign(key, std::string(digits));
-    write_file(path, text);
+    return text;
   }
 
  private:
