@@ -61,14 +61,18 @@ std::string integer_problem(const std::string& s, T lo, T hi, T& out) {
   if (s.size() == sign || s.find_first_not_of("0123456789", sign) != std::string::npos)
     return "'" + s + "' is not an integer";
   if (*first == '+') ++first;
+  const bool negative = *first == '-';
+  const std::string too_small = s + " is out of range: the least allowed is " + std::to_string(lo);
+  const std::string too_large = s + " is out of range: the most allowed is " + std::to_string(hi);
   if constexpr (std::is_unsigned_v<T>) {
-    if (*first == '-') return s + " is out of range (" + range_text(lo, hi) + ")";
+    if (negative) return too_small;
   }
   T v{};
   const auto [end, ec] = std::from_chars(first, last, v);
-  if (ec == std::errc::result_out_of_range || (ec == std::errc() && (v < lo || v > hi)))
-    return s + " is out of range (" + range_text(lo, hi) + ")";
+  if (ec == std::errc::result_out_of_range) return negative ? too_small : too_large;
   if (ec != std::errc() || end != last) return "'" + s + "' is not an integer";
+  if (v < lo) return too_small;
+  if (v > hi) return too_large;
   out = v;
   return {};
 }
