@@ -10,20 +10,18 @@
 // "group": "...", "embedding": {"file": "clap.npy", "row": 3}}; every field but "file" optional.
 // Exit status: 0 packed; 1 a fatal error (bad options, unreadable input, nothing packable);
 // 2 packed, but --strict and some inputs were rejected.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include <etude/data/pack.hpp>
 
-namespace {
+#include "cli.hpp"
 
-const char* usage =
-    "usage: pack_tokens --input DIR [--metadata FILE.jsonl] --output DIR --name NAME --version V\n"
-    "                   --card C --frame-rate F --codec-name N --codec-version V\n"
-    "                   [--split-ratios 0.9,0.05,0.05] [--split-names train,valid,test] [--seed S]\n"
-    "                   [--shard-examples N] [--codebooks K] [--sample-rate SR] [--strict]\n";
+namespace {
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -36,73 +34,53 @@ std::vector<std::string> split_list(const std::string& s) {
   }
 }
 
-double to_double(const std::string& option, const std::string& v) {
-  std::size_t used = 0;
-  double d = 0;
-  try {
-    d = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw etude::invalid_argument(option + " expects a number, got \"" + v + "\"");
-  return d;
-}
-
-unsigned long long to_unsigned(const std::string& option, const std::string& v) {
-  std::size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty() || v[0] == '-')
-    throw etude::invalid_argument(option + " expects a non-negative integer, got \"" + v + "\"");
-  return n;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
   etude::data::pack_options o;
   bool strict = false;
-  std::vector<std::string> missing = {"--input", "--output", "--name", "--version", "--card", "--frame-rate",
-                                      "--codec-name", "--codec-version"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      return 0;
-    }
-    if (a == "--strict") {
-      strict = true;
-      continue;
-    }
-    if (i + 1 >= argc) throw etude::invalid_argument("option " + a + " needs a value\n" + usage);
-    const std::string v = argv[++i];
-    std::erase(missing, a);
-    if (a == "--input") o.input = v;
-    else if (a == "--metadata") o.metadata = v;
-    else if (a == "--output") o.output = v;
-    else if (a == "--name") o.name = v;
-    else if (a == "--version") o.version = v;
-    else if (a == "--card") o.codec.card = static_cast<int>(to_unsigned(a, v));
-    else if (a == "--frame-rate") o.codec.frame_rate = to_double(a, v);
-    else if (a == "--codec-name") o.codec.name = v;
-    else if (a == "--codec-version") o.codec.version = v;
-    else if (a == "--codebooks") o.codec.codebooks = static_cast<int>(to_unsigned(a, v));
-    else if (a == "--sample-rate") o.codec.sample_rate = static_cast<int>(to_unsigned(a, v));
-    else if (a == "--seed") o.seed = to_unsigned(a, v);
-    else if (a == "--shard-examples") o.shard_examples = to_unsigned(a, v);
-    else if (a == "--split-names") o.split_names = split_list(v);
-    else if (a == "--split-ratios") {
-      o.split_ratios.clear();
-      for (const auto& r : split_list(v)) o.split_ratios.push_back(to_double(a, r));
-    } else {
-      throw etude::invalid_argument("unknown option " + a + "\n" + usage);
-    }
+  std::string input, output, metadata, split_ratios, split_names;
+  constexpr int most_int = std::numeric_limits<int>::max();
+  constexpr auto most_u64 = std::numeric_limits<std::uint64_t>::max();
+  CLI::App app{"Packs a directory of codec codes (.npy [K, T], one per example) and optional JSONL metadata into "
+               "token shards and manifest.json. Exit status: 0 packed; 1 a fatal error (bad options, unreadable "
+               "input, nothing packable); 2 packed, but --strict and some inputs were rejected.",
+               "pack_tokens"};
+  etude_cli::configure(app);
+  app.add_option("--input", input, "directory holding the .npy code arrays")->required();
+  app.add_option("--metadata", metadata, "JSONL metadata, one object per line");
+  app.add_option("--output", output, "output directory for shards and manifest.json (created if missing)")->required();
+  app.add_option("--name", o.name, "dataset name")->required();
+  app.add_option("--version", o.version, "dataset version")->required();
+  etude_cli::add_integer(app, "--card", o.codec.card, 1, most_int, "codebook size (2048 for EnCodec)")
+      ->required()
+      ->default_str("");
+  etude_cli::add_number(app, "--frame-rate", o.codec.frame_rate, 0.0, true, "codec frames per second (50)")
+      ->required()
+      ->default_str("");
+  app.add_option("--codec-name", o.codec.name, "codec name (encodec_32khz)")->required();
+  app.add_option("--codec-version", o.codec.version, "codec version")->required();
+  app.add_option("--split-ratios", split_ratios, "comma list of split ratios summing to 1 (0.9,0.05,0.05)");
+  app.add_option("--split-names", split_names,
+                 "comma list of split names (train,valid,test); each becomes a shard file name prefix");
+  etude_cli::add_integer(app, "--seed", o.seed, std::uint64_t{0}, most_u64, "seed of the split assignment");
+  etude_cli::add_integer(app, "--shard-examples", o.shard_examples, std::uint64_t{1}, most_u64,
+                         "examples per shard at most");
+  etude_cli::add_integer(app, "--codebooks", o.codec.codebooks, 1, most_int,
+                         "codebooks K (default: those of the first valid input)")
+      ->default_str("");
+  etude_cli::add_integer(app, "--sample-rate", o.codec.sample_rate, 1, most_int, "codec sample rate in Hz")
+      ->default_str("");
+  app.add_flag("--strict", strict, "exit 2 when any input is rejected");
+  etude_cli::parse(app, argc, argv);
+  o.input = input;
+  o.output = output;
+  if (app.count("--metadata") != 0) o.metadata = metadata;
+  if (app.count("--split-names") != 0) o.split_names = split_list(split_names);
+  if (app.count("--split-ratios") != 0) {
+    std::string problem = etude_cli::number_list_problem(split_ratios, 0.0, 1.0, o.split_ratios);
+    if (!problem.empty()) throw etude::invalid_argument("--split-ratios: " + problem + " (--help lists the options)");
   }
-  if (!missing.empty()) throw etude::invalid_argument("missing option " + missing.front() + "\n" + usage);
 
   const auto report = etude::data::pack_directory(o);
   for (const auto& r : report.rejected) std::fprintf(stderr, "rejected %s: %s\n", r.input.c_str(), r.reason.c_str());

@@ -8,13 +8,14 @@
 // Exits 0 only if the final validation loss is below the unigram baseline.
 //   train_tiny [--data DIR] [--synthetic] [--steps N] [--batch B] [--frames T] [--lr LR]
 //              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
-//              [--run-dir DIR] [--fresh] [--stop-after N]
+//              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include <etude/track/run_directory.hpp>
 #include <etude/track/tensorboard.hpp>
 
+#include "cli.hpp"
 #include "train_tiny_config.hpp"
 #ifdef ETUDE_TRAIN_TINY_CUDA
 #include <etude/backend/cuda/executor.hpp>
@@ -64,38 +66,43 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw etude::invalid_argument("option " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--data") o.data = value();
-    else if (a == "--synthetic") o.synthetic = true;
-    else if (a == "--steps") o.steps = std::stol(value());
-    else if (a == "--batch") o.batch = std::stol(value());
-    else if (a == "--frames") o.frames = std::stol(value());
-    else if (a == "--lr") o.lr = std::stod(value());
-    else if (a == "--valid-every") o.valid_every = std::stol(value());
-    else if (a == "--checkpoint-every") o.checkpoint_every = std::stol(value());
-    else if (a == "--stop-after") o.stop_after = std::stol(value());
-    else if (a == "--fresh") o.fresh = true;
-    else if (a == "--discard-unusable") o.discard_unusable = true;
-    else if (a == "--workers") o.workers = std::stoi(value());
-    else if (a == "--seed") o.seed = std::stoull(value());
-    else if (a == "--run-dir") o.run_dir = value();
-    else if (a == "--device") o.device = value();
-    else
-      throw etude::invalid_argument("unknown option " + a +
-                                    " (use --data, --synthetic, --steps, --batch, --frames, --lr, --valid-every, "
-                                    "--checkpoint-every, --workers, --seed, --run-dir, --device, --fresh, --stop-after)");
-  if (o.device != "cpu" && o.device != "cuda")
-    throw etude::invalid_argument("--device " + o.device + ": use cpu or cuda");
-  }
-  if (o.steps < 1 || o.batch < 2 || o.batch % cfg::microbatches != 0 || o.frames < 2 || o.valid_every < 1 ||
-      o.checkpoint_every < 1 || o.stop_after < 0)
-    throw etude::invalid_argument("need --steps >= 1, an even --batch >= 2, --frames >= 2, --valid-every >= 1, "
-                                  "--checkpoint-every >= 1 and --stop-after >= 0");
+  CLI::App app{"Trains etude's tiny configuration on the Bach chorales (or --synthetic tokens); a second "
+               "invocation with the same --run-dir resumes from its newest good checkpoint.",
+               "train_tiny"};
+  etude_cli::configure(app);
+  constexpr long most = std::numeric_limits<long>::max();
+  constexpr etude::index_t most_index = std::numeric_limits<etude::index_t>::max();
+  app.add_option("--data", o.data, "dataset directory holding manifest.json")->capture_default_str();
+  app.add_flag("--synthetic", o.synthetic, "train on generated tokens of known entropy instead of --data");
+  etude_cli::add_integer(app, "--steps", o.steps, 1L, most, "optimiser steps of the whole run");
+  etude_cli::add_integer(app, "--batch", o.batch, etude::index_t{2}, most_index,
+                         "examples per step, a multiple of " + std::to_string(cfg::microbatches) + " (accumulate<" +
+                             std::to_string(cfg::microbatches) + ">)");
+  etude_cli::add_integer(app, "--frames", o.frames, etude::index_t{2}, most_index, "frames per training segment");
+  etude_cli::add_number(app, "--lr", o.lr, 0.0, true, "peak learning rate of AdamW's cosine schedule");
+  etude_cli::add_integer(app, "--valid-every", o.valid_every, 1L, most, "validate every N steps");
+  etude_cli::add_integer(app, "--checkpoint-every", o.checkpoint_every, 1L, most, "checkpoint every N steps");
+  etude_cli::add_integer(app, "--stop-after", o.stop_after, 0L, most,
+                         "stop (as if interrupted) after N steps of this invocation; 0: run to the end");
+  app.add_flag("--fresh", o.fresh, "remove the files etude wrote in the run directory (only those) first");
+  app.add_flag("--discard-unusable", o.discard_unusable,
+               "when no checkpoint can be resumed, set them aside (checkpoints/rejected/) and start over");
+  etude_cli::add_integer(app, "--workers", o.workers, 0, 256, "loader worker threads (0: load inside the step)");
+  etude_cli::add_integer(app, "--seed", o.seed, 0ULL, std::numeric_limits<unsigned long long>::max(),
+                         "seed of the initialisation and the data order");
+  app.add_option("--run-dir", o.run_dir, "run directory: metrics, events, run.json, checkpoints")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda")
+      ->check(CLI::Validator(
+          [](std::string& d) { return d == "cpu" || d == "cuda" ? std::string() : "'" + d + "': use cpu or cuda"; },
+          ""))
+      ->type_name("cpu|cuda")
+      ->capture_default_str();
+  etude_cli::parse(app, argc, argv);
+  if (o.batch % cfg::microbatches != 0)
+    throw etude::invalid_argument("--batch: " + std::to_string(o.batch) + " is not a multiple of " +
+                                  std::to_string(cfg::microbatches) + " (the tiny configuration accumulates " +
+                                  std::to_string(cfg::microbatches) + " microbatches) (--help lists the options)");
   return o;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,6 +31,8 @@
 #include <etude/model/model.hpp>
 #include <etude/train/fits.hpp>
 #include <etude/train/memory_plan.hpp>
+
+#include "cli.hpp"
 
 namespace {
 
@@ -198,31 +201,9 @@ struct options {
   bool markdown = false;
 };
 
-void usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: will_it_fit [options]\n"
-               "  --seconds S        segment duration in seconds (30)\n"
-               "  --sample-rate HZ   codec sample rate (32000)\n"
-               "  --frame-rate HZ    codec frame rate (50)\n"
-               "  --hop N            samples per frame (default sample-rate / frame-rate)\n"
-               "  --codebooks K      codebooks: 4 or 8 (4)\n"
-               "  --pattern P        delay | parallel | flatten (delay)\n"
-               "  --model M          tiny | small | medium | large, a comma list, or all (small)\n"
-               "                     tiny 256/4/4, small 1024/24/16, medium 1536/48/24, large 2048/48/32\n"
-               "                     (dim/layers/heads), card 2048\n"
-               "  --precision P      fp32 | bf16 | fp16, a comma list, or all (all)\n"
-               "  --checkpoint C     none | every_layer | every_nth2 | selective | selective_ffn, a comma\n"
-               "                     list, or all (all)\n"
-               "  --memory D         24GB | 40GB | 80GB | 141GB, a device (rtx_4090, a100_40gb, a100_80gb,\n"
-               "                     h100_80gb, h200_141gb), or bytes; a comma list (80GB)\n"
-               "  --runtime-reserve B  bytes outside the plan (CUDA context, libraries); default 1 GiB\n"
-               "  --global-batch N   target examples per optimiser step over all ranks (64)\n"
-               "  --world-size W     data-parallel ranks (1)\n"
-               "  --verbose          the plan table and fit report at each largest microbatch\n"
-               "  --markdown         one markdown table, devices as columns: b / accumulation\n"
-               "  --help\n"
-               "Prints, per combination, the largest microbatch b that fits (0: not even b = 1) and the\n"
-               "accumulation steps ceil(global batch / (b * world size)).\n");
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "will_it_fit: %s (--help lists the options)\n", what.c_str());
+  std::exit(2);
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -237,53 +218,57 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "will_it_fit: %s (--help lists the options)\n", what.c_str());
-  std::exit(2);
-}
-
-index_t to_integer(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0') fail(flag + " needs an integer, got '" + v + "'");
-  return x;
-}
-double to_number(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') fail(flag + " needs a number, got '" + v + "'");
-  return x;
-}
-
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-    else if (a == "--seconds") o.seconds = to_number(a, value());
-    else if (a == "--sample-rate") o.sample_rate = to_integer(a, value());
-    else if (a == "--frame-rate") o.frame_rate = to_number(a, value());
-    else if (a == "--hop") o.hop = to_integer(a, value());
-    else if (a == "--codebooks") o.codebooks = static_cast<int>(to_integer(a, value()));
-    else if (a == "--pattern") o.pattern = value();
-    else if (a == "--model") o.models = split(value());
-    else if (a == "--precision") o.precisions = split(value());
-    else if (a == "--checkpoint") o.checkpoints = split(value());
-    else if (a == "--memory") o.memory = split(value());
-    else if (a == "--runtime-reserve") o.runtime_reserve = to_integer(a, value());
-    else if (a == "--global-batch") o.global_batch = to_integer(a, value());
-    else if (a == "--world-size") o.world_size = static_cast<int>(to_integer(a, value()));
-    else if (a == "--verbose") o.verbose = true;
-    else if (a == "--markdown") o.markdown = true;
-    else fail("unknown option '" + a + "'");
+  CLI::App app{"The largest microbatch of a MusicGen-style model that fits a GPU, and the gradient-accumulation "
+               "steps that make up a global batch.",
+               "will_it_fit"};
+  etude_cli::configure(app);
+  app.footer("Prints, per combination, the largest microbatch b that fits (0: not even b = 1) and the\n"
+             "accumulation steps ceil(global batch / (b * world size)).");
+  constexpr index_t most = std::numeric_limits<index_t>::max();
+  std::string models = "small", precisions = "all", checkpoints = "all", memory = "80GB";
+  etude_cli::add_number(app, "--seconds", o.seconds, 0.0, true, "segment duration in seconds");
+  etude_cli::add_integer(app, "--sample-rate", o.sample_rate, index_t{1}, most, "codec sample rate in Hz");
+  etude_cli::add_number(app, "--frame-rate", o.frame_rate, 0.0, true, "codec frame rate in Hz");
+  etude_cli::add_integer(app, "--hop", o.hop, index_t{0}, most,
+                         "samples per frame; 0: sample-rate / frame-rate when that is a whole number");
+  etude_cli::add_integer(app, "--codebooks", o.codebooks, 1, std::numeric_limits<int>::max(),
+                         "codebooks: 4 or 8 are built in");
+  app.add_option("--pattern", o.pattern, "delay | parallel | flatten")->capture_default_str();
+  app.add_option("--model", models,
+                 "tiny | small | medium | large, a comma list, or all; tiny 256/4/4, small 1024/24/16, medium "
+                 "1536/48/24, large 2048/48/32 (dim/layers/heads), card 2048")
+      ->capture_default_str();
+  app.add_option("--precision", precisions, "fp32 | bf16 | fp16, a comma list, or all")->capture_default_str();
+  app.add_option("--checkpoint", checkpoints,
+                 "none | every_layer | every_nth2 | selective | selective_ffn, a comma list, or all")
+      ->capture_default_str();
+  app.add_option("--memory", memory,
+                 "24GB | 40GB | 80GB | 141GB, a device (rtx_4090, a100_40gb, a100_80gb, h100_80gb, h200_141gb), "
+                 "or bytes; a comma list")
+      ->capture_default_str();
+  etude_cli::add_integer(app, "--runtime-reserve", o.runtime_reserve, index_t{0}, most,
+                         "bytes outside the plan (CUDA context, libraries); default: the device's, 1 GiB")
+      ->default_str("");
+  etude_cli::add_integer(app, "--global-batch", o.global_batch, index_t{1}, most,
+                         "target examples per optimiser step over all ranks");
+  etude_cli::add_integer(app, "--world-size", o.world_size, 1, std::numeric_limits<int>::max(),
+                         "data-parallel ranks");
+  app.add_flag("--verbose", o.verbose, "the plan table and fit report at each largest microbatch");
+  app.add_flag("--markdown", o.markdown, "one markdown table, devices as columns: b / accumulation");
+  try {
+    etude_cli::parse(app, argc, argv);
+  } catch (const etude::invalid_argument& e) {
+    std::fprintf(stderr, "will_it_fit: %s\n", e.what());
+    std::exit(2);
   }
-  if (!(o.seconds > 0) || o.sample_rate <= 0 || !(o.frame_rate > 0) || o.hop < 0)
-    fail("--seconds, --sample-rate, --frame-rate and --hop must be positive");
-  if (o.global_batch < 1 || o.world_size < 1) fail("--global-batch and --world-size must be at least 1");
+  o.models = split(models);
+  o.precisions = split(precisions);
+  o.checkpoints = split(checkpoints);
+  o.memory = split(memory);
+  if (o.models.empty() || o.precisions.empty() || o.checkpoints.empty() || o.memory.empty())
+    fail("--model, --precision, --checkpoint and --memory each need at least one choice");
   return o;
 }
 
@@ -297,11 +282,12 @@ device_choice parse_device(const std::string& s, index_t runtime_reserve) {
   for (const auto& nd : devices)
     if (key == nd.key) { d.info = nd.info; found = true; }
   if (!found) {
-    const index_t bytes = s.find_first_not_of("0123456789") == std::string::npos && !s.empty()
-                              ? std::strtoll(s.c_str(), nullptr, 10)
-                              : 0;
-    if (bytes <= 0)
-      fail("--memory: '" + s + "' is neither 24GB, 40GB, 80GB, 141GB, a device name nor a number of bytes");
+    index_t bytes = 0;
+    const std::string problem =
+        etude_cli::integer_problem<index_t>(s, index_t{1}, std::numeric_limits<index_t>::max(), bytes);
+    if (!problem.empty())
+      fail("--memory: '" + s + "' is neither 24GB, 40GB, 80GB, 141GB, a device name nor a number of bytes (" +
+           problem + ")");
     d.name = "a device of " + s + " bytes";
     d.info = {nullptr, bytes, etude::hw::gpu_runtime_reserve, bytes - etude::hw::gpu_runtime_reserve};
   }

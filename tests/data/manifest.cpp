@@ -103,10 +103,18 @@ TEST_CASE("manifest validation names the file and the field", "[manifest][bad_in
   CHECK_THAT(load_with([](json& j) { j["format"] = "other"; }), Catch::Contains("field format"));
   CHECK_THAT(load_with([](json& j) { j["splits"]["train"]["shards"][1]["checksum"] = "xyz"; }),
              Catch::Contains("splits.train.shards[1].checksum"));
-  CHECK_THAT(load_with([](json& j) { j["splits"]["train"]["shards"][0]["file"] = "/abs/t.etok"; }),
-             Catch::Contains("relative"));
+  // A shard is a plain file name in the manifest's directory: nothing that reads elsewhere.
+  const std::vector<std::string> bad_names{"/abs/t.etok", "../t.etok", "sub/t.etok", "..", ".", "", std::string("t\0x", 3)};
+  for (const std::string& bad : bad_names) {
+    INFO("file name " << etude::detail::quoted_name(bad));
+    CHECK_THAT(load_with([&](json& j) { j["splits"]["train"]["shards"][0]["file"] = bad; }),
+               Catch::Contains("m.json: field splits.train.shards[0].file") &&
+                   Catch::Contains("a shard must be a file in the manifest's own directory"));
+  }
   CHECK_THAT(load_with([](json& j) { j["splits"]["train"]["shards"][0]["file"] = "../t.etok"; }),
-             Catch::Contains("must not leave"));
+             Catch::Contains("\"../t.etok\" contains '/'"));
+  CHECK_THAT(load_with([](json& j) { j["splits"]["train"]["shards"][0]["file"] = std::string("t\0x", 3); }),
+             Catch::Contains("\"t\\x00x\" contains a NUL byte"));
   CHECK_THAT(load_with([](json& j) { j["splits"]["valid"]["shards"][0]["file"] = "train-0.etok"; }),
              Catch::Contains("more than once"));
   CHECK_THAT(load_with([](json& j) { j["splits"]["train"]["shards"][0]["tokens"] = 5; }),

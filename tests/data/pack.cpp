@@ -14,6 +14,8 @@
 #include <etude/data/loader.hpp>
 #include <etude/data/pack.hpp>
 
+#include <etude/core/detail/path_name.hpp>
+
 #include "support.hpp"
 
 using etude::index_t;
@@ -260,6 +262,25 @@ TEST_CASE("fatal packing errors throw", "[pack][bad_input]") {
   CHECK_THROWS_WITH(data::pack_directory(o), Catch::Contains("absent.jsonl"));
 }
 
+TEST_CASE("split names cannot leave the output directory", "[pack][bad_input]") {
+  scratch_dir dir;
+  std::filesystem::create_directories(dir / "in");
+  for (int e = 0; e < 4; ++e) write_input(dir / "in", e);
+  const std::vector<std::string> bad_names{"../x", "a/b", "..", ".", "", "/abs", std::string("x\0y", 3)};
+  for (const std::string& bad : bad_names) {
+    INFO("split name " << etude::detail::quoted_name(bad));
+    auto o = options(dir);
+    o.split_ratios = {0.5, 0.5};
+    o.split_names = {"train", bad};
+    CHECK_THROWS_AS(data::pack_directory(o), etude::invalid_argument);
+    CHECK_THROWS_WITH(data::pack_directory(o), Catch::Contains("split name " + etude::detail::quoted_name(bad)) &&
+                                                   Catch::Contains("plain file name"));
+    // refused before anything is written, inside or outside the output directory
+    CHECK_FALSE(std::filesystem::exists(dir / "out"));
+    CHECK_FALSE(std::filesystem::exists(dir / "x-00000.etok"));
+  }
+}
+
 #ifdef ETUDE_PACK_TOKENS
 TEST_CASE("the pack_tokens tool packs, reports and exits by the rules", "[pack][tool]") {
   scratch_dir dir;
@@ -283,5 +304,30 @@ TEST_CASE("the pack_tokens tool packs, reports and exits by the rules", "[pack][
   CHECK(run(base + " --card") == 1);
   CHECK(run(base + " --split-ratios 0.5,x") == 1);
   CHECK(run(std::string(ETUDE_PACK_TOKENS) + " --input " + (dir / "in").string()) == 1);
+  CHECK(run(std::string(ETUDE_PACK_TOKENS) + " --help") == 0);
+  // Usage errors name the option and what is wrong: no truncation, no silent saturation.
+  auto error_of = [&](const std::string& args) {
+    const auto err = dir / "stderr.txt";
+    const int status = std::system((base + " " + args + " > /dev/null 2> " + err.string()).c_str());
+    const auto bytes = etude::test::read_bytes(err);
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, std::string(bytes.begin(), bytes.end()));
+  };
+  const auto card = error_of("--card 99999999999");
+  CHECK(card.first == 1);
+  CHECK_THAT(card.second, Catch::StartsWith("pack_tokens: --card: 99999999999 is out of range") &&
+                              Catch::Contains("2147483647"));
+  CHECK_THAT(error_of("--card 0").second, Catch::Contains("--card: 0 is out of range: the least allowed is 1"));
+  CHECK_THAT(error_of("--card 12x").second, Catch::Contains("--card: '12x' is not an integer"));
+  CHECK_THAT(error_of("--seed -1").second, Catch::Contains("--seed: -1 is out of range"));
+  CHECK_THAT(error_of("--shard-examples 0").second, Catch::Contains("--shard-examples: 0 is out of range"));
+  CHECK_THAT(error_of("--frame-rate 0").second, Catch::Contains("--frame-rate: 0 is out of range"));
+  CHECK_THAT(error_of("--frame-rate nan").second, Catch::Contains("--frame-rate: nan is not a finite number"));
+  CHECK_THAT(error_of("--split-ratios 0.5,x").second, Catch::Contains("--split-ratios: item 2 of '0.5,x'"));
+  // a split name that would write outside --output is refused, and nothing is written there
+  const auto escape = error_of("--output " + (dir / "out2").string() + " --split-names ../x,valid");
+  CHECK(escape.first == 1);
+  CHECK_THAT(escape.second, Catch::Contains("split name \"../x\""));
+  CHECK_FALSE(std::filesystem::exists(dir / "x-00000.etok"));
+  CHECK_FALSE(std::filesystem::exists(dir / "out2"));
 }
 #endif

@@ -1,19 +1,31 @@
 // What a training step consumes: codec tokens (B, K, T) and their padding mask, as a non-owning
 // view (the data loader's buffers, a user's arrays) or an owning batch.
+// A view also carries how many elements its buffers hold, so that check_batch_buffers (and the
+// trainer's check_batch) refuses a view whose dimensions promise more than its buffers have
+// before anything reads them. Views of a token_batch fill these in; a view over a caller's own
+// arrays should too (left at `unknown_size`, the caller vouches for B·K·T).
 #pragma once
 
+#include <cstddef>
+#include <limits>
+#include <string>
 #include <vector>
 
+#include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude {
 
 struct batch_view {
+  static constexpr std::size_t unknown_size = std::numeric_limits<std::size_t>::max();
+
   const token_t* tokens = nullptr;      // (B, K, T) ids in [0, card)
   const unsigned char* mask = nullptr;  // (B, K, T) 1 = real frame, 0 = padding; nullptr = all real
   index_t batch = 0;                    // B
   int codebooks = 0;                    // K
   index_t frames = 0;                   // T
+  std::size_t tokens_size = unknown_size;  // elements `tokens` points to
+  std::size_t mask_size = unknown_size;    // elements `mask` points to (when it is not nullptr)
 
   bool valid(index_t b, int k, index_t t) const {
     return mask == nullptr || mask[(b * codebooks + k) * frames + t] != 0;
@@ -41,8 +53,35 @@ struct token_batch {
     return tokens[static_cast<std::size_t>((b * codebooks + k) * frames + t)];
   }
 
-  batch_view view() const { return {tokens.data(), mask.empty() ? nullptr : mask.data(), batch, codebooks, frames}; }
+  batch_view view() const {
+    return {tokens.data(), mask.empty() ? nullptr : mask.data(), batch, codebooks, frames, tokens.size(), mask.size()};
+  }
   operator batch_view() const { return view(); }  // NOLINT: a batch is usable wherever its view is
 };
+
+// Throws invalid_input, naming `what` ("training batch"), the field and both sizes, when the
+// view's dimensions are negative, overflow, or ask for more elements than its buffers hold.
+// Reads no element: call it before anything else looks at the buffers.
+inline void check_batch_buffers(const batch_view& b, const std::string& what) {
+  const std::string dims = "batch " + std::to_string(b.batch) + " x codebooks " + std::to_string(b.codebooks) +
+                           " x frames " + std::to_string(b.frames);
+  if (b.batch < 0 || b.codebooks < 0 || b.frames < 0)
+    throw invalid_input(what + ": negative dimension (" + dims + ")");
+  // Overflow checked by division (no compiler builtins: nvcc reads this header too).
+  constexpr index_t most = std::numeric_limits<index_t>::max();
+  const index_t bk = static_cast<index_t>(b.codebooks);
+  if ((bk != 0 && b.batch > most / bk) || (b.batch * bk != 0 && b.frames > most / (b.batch * bk)))
+    throw invalid_input(what + ": " + dims + " overflows a 64-bit element count");
+  const auto need = static_cast<std::size_t>(b.batch * bk * b.frames);
+  auto short_of = [&](const char* field, std::size_t have) {
+    return invalid_input(what + ": field " + field + " holds " + std::to_string(have) + " elements but " + dims +
+                         " needs " + std::to_string(need) + "; fill " + field + " for every (example, codebook, " +
+                         "frame), or fix the dimensions");
+  };
+  if (b.tokens != nullptr && b.tokens_size != batch_view::unknown_size && b.tokens_size < need)
+    throw short_of("tokens", b.tokens_size);
+  if (b.mask != nullptr && b.mask_size != batch_view::unknown_size && b.mask_size < need)
+    throw short_of("mask", b.mask_size);
+}
 
 }  // namespace etude

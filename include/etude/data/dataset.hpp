@@ -45,6 +45,11 @@ class dataset_split {
     for (const auto& s : entry_.shards) {
       const auto path = root_ / s.file;
       std::error_code ec;
+      // Refused now, by type: a FIFO here would hang the first worker that opens it.
+      const auto status = std::filesystem::status(path, ec);
+      if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+        throw data_error(where_ + ": split \"" + entry_.name + "\" names shard " + path.string() +
+                         ", which is not a regular file (a FIFO, directory or device); replace it with the shard");
       const auto size = std::filesystem::file_size(path, ec);
       if (ec)
         throw data_error(where_ + ": split \"" + entry_.name + "\" names shard " + path.string() +

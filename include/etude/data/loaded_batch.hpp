@@ -5,6 +5,7 @@
 // Not for: building batches (loader.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -36,7 +37,16 @@ struct loaded_batch : token_batch {
   batch_view staged() const {
     if (staging.empty()) return view();
     const auto* base = static_cast<const unsigned char*>(staging.data());
-    return {reinterpret_cast<const token_t*>(base), base + tokens.size() * sizeof(token_t), batch, codebooks, frames};
+    // The block holds what stage() copied: tokens, then the mask (none when the mask is empty).
+    const std::size_t token_bytes = tokens.size() * sizeof(token_t);
+    const std::size_t mask_bytes = staging.bytes() > token_bytes ? staging.bytes() - token_bytes : 0;
+    return {reinterpret_cast<const token_t*>(base),
+            mask.empty() ? nullptr : base + token_bytes,
+            batch,
+            codebooks,
+            frames,
+            std::min(tokens.size(), staging.bytes() / sizeof(token_t)),
+            std::min(mask.size(), mask_bytes)};
   }
 
   // Fills `staging` from tokens and mask (the loader does this on its worker threads).

@@ -8,8 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "etude/data/codec.hpp"
+#include "etude/core/detail/path_name.hpp"
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
@@ -85,11 +84,12 @@ class manifest {
       for (std::size_t k = 0; k < sp.shards.size(); ++k) {
         const auto& sh = sp.shards[k];
         const std::string field = "splits." + sp.name + ".shards[" + std::to_string(k) + "]";
-        const std::filesystem::path p(sh.file);
-        if (sh.file.empty() || p.is_absolute())
-          throw fail(field + ".file", "\"" + sh.file + "\" must be a path relative to the manifest's directory");
-        for (const auto& part : p)
-          if (part == "..") throw fail(field + ".file", "\"" + sh.file + "\" must not leave the dataset directory");
+        // A plain name: "../x", "/etc/x" or "sub/x" would read (or, for the packer, write) outside
+        // the dataset directory.
+        if (const auto problem = etude::detail::path_component_problem(sh.file))
+          throw fail(field + ".file", etude::detail::quoted_name(sh.file) + " " + *problem +
+                                          "; a shard must be a file in the manifest's own directory, named by " +
+                                          etude::detail::path_component_rule);
         for (const auto& f : seen_files)
           if (f == sh.file) throw fail(field + ".file", "\"" + sh.file + "\" is listed more than once");
         seen_files.push_back(sh.file);
@@ -295,15 +295,15 @@ class manifest {
   }
 
   static manifest load(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      throw data_error(path.string() + ": cannot open the dataset manifest: " + etude::detail::errno_text(errno) +
-                       "; check the path (pack_tokens writes manifest.json in its --output directory)");
-    std::stringstream text;
-    text << in.rdbuf();
+    std::string text;
+    try {
+      text = etude::detail::read_regular_file(path, "dataset manifest");
+    } catch (const data_error& e) {
+      throw data_error(std::string(e.what()) + " (pack_tokens writes manifest.json in its --output directory)");
+    }
     nlohmann::ordered_json j;
     try {
-      j = nlohmann::ordered_json::parse(text.str());
+      j = nlohmann::ordered_json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw data_error(path.string() + ": not valid JSON (" + e.what() + "); the manifest is damaged, regenerate it");
     }

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +23,7 @@
 
 #include "etude/data/codec.hpp"
 #include "etude/data/conditions.hpp"
+#include "etude/core/detail/path_name.hpp"
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/core/detail/xxhash64.hpp"
 #include "etude/data/error.hpp"
@@ -109,6 +109,8 @@ inline pack_report pack_directory(const pack_options& o) {
                            std::to_string(o.split_ratios.size()) + " ratios");
   if (std::set<std::string>(names.begin(), names.end()).size() != names.size())
     throw invalid_argument("pack: split names must be distinct");
+  // Each name starts its shards' file names: "../x" would write outside the output directory.
+  for (const auto& n : names) etude::detail::require_path_component(n, "pack: split name");
 
   // --- inputs ------------------------------------------------------------------------------
   std::error_code ec;
@@ -127,10 +129,12 @@ inline pack_report pack_directory(const pack_options& o) {
   std::set<std::string> bad_meta;  // files whose metadata could not be read: rejected, not packed bare
   std::map<std::string, std::size_t> first_line;
   if (o.metadata) {
-    std::ifstream in(*o.metadata);
-    if (!in) throw data_error(o.metadata->string() + ": cannot open the metadata file: " + etude::detail::errno_text(errno));
-    std::string text;
-    for (std::size_t line = 1; std::getline(in, text); ++line) {
+    const std::string all = etude::detail::read_regular_file(*o.metadata, "metadata file");
+    std::size_t next = 0;
+    for (std::size_t line = 1; next < all.size(); ++line) {
+      const std::size_t end = std::min(all.find('\n', next), all.size());
+      const std::string text = all.substr(next, end - next);
+      next = end + 1;
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = "metadata line " + std::to_string(line);
       auto reject = [&](const std::string& why) { report.rejected.push_back({where, why}); };

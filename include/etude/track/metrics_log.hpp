@@ -235,11 +235,24 @@ class metrics_log {
         throw data_error(file_.string() + ": cannot create the directory of the metrics log: " + ec.message() +
                          "; check the path and its permissions");
     }
-    const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    // A FIFO (or device) under the log's name must be refused, not waited on for a reader: say
+    // what it is before opening, and open with O_NONBLOCK in case it appears in between.
+    struct stat st {};
+    if (::stat(file_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      throw data_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
+                       ", not a regular file; remove it or choose another run directory");
+    const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
     if (fd < 0)
       throw data_error(file_.string() + ": cannot open the metrics log for appending: " +
                        etude::detail::errno_text(errno) + "; check that the run directory is writable");
     fd_ = etude::detail::unique_fd(fd);
+    if (::fstat(fd, &st) != 0)
+      throw data_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
+    if (!S_ISREG(st.st_mode))
+      throw data_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
+                       ", not a regular file; remove it or choose another run directory");
+    if (::fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) != 0)
+      throw data_error(file_.string() + ": cannot make the metrics log blocking: " + etude::detail::errno_text(errno));
     repair_tail();
   }
 

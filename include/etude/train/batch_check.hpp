@@ -1,8 +1,9 @@
 // What the trainer (train/trainer.hpp) checks and counts on a batch before it lays it out, on
 // every backend, so that all refuse the same batches with the same messages and weight the loss by
 // the same token counts:
-//   check_batch         codebooks, emptiness, divisibility into microbatches, length, token
-//                       range and mask values, with messages that say what to do;
+//   check_batch         codebooks, emptiness, buffers as long as the dimensions, divisibility
+//                       into microbatches, length, token range and mask values, with messages
+//                       that say what to do;
 //   valid_targets       target tokens one codebook's loss sees in a range of examples (the
 //                       pattern mask AND the padding mask), read from the batch directly;
 //   step_token_counts   those counts per (microbatch, codebook) for a training step and the
@@ -37,6 +38,7 @@ void check_batch(const batch_view& b, bool training, int microbatches) {
   if (b.batch <= 0 || b.frames <= 0 || b.tokens == nullptr)
     throw invalid_input(what + " is empty (batch " + std::to_string(b.batch) + ", frames " +
                         std::to_string(b.frames) + ")");
+  check_batch_buffers(b, what);  // before any element is read below
   if (training && b.batch % microbatches != 0)
     throw invalid_input(what + " of " + std::to_string(b.batch) + " examples cannot be split into accumulate<" +
                         std::to_string(microbatches) + "> microbatches: use a multiple of " +

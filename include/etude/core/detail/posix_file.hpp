@@ -1,7 +1,9 @@
 // Thin POSIX wrappers the data, io and track sides need and the standard library lacks: a read-only memory
-// mapping, and a file written beside its target and renamed into place only once it is complete
-// and on disk (write, fsync, rename, fsync the directory), so a crash never leaves a half-written
-// shard or manifest under the real name. Every failure is a file_error naming the path and errno.
+// mapping, a whole small file read into a string, and a file written beside its target and renamed
+// into place only once it is complete and on disk (write, fsync, rename, fsync the directory), so a
+// crash never leaves a half-written shard or manifest under the real name. Every reader here opens
+// without blocking and refuses anything but a regular file (a FIFO named like a checkpoint would
+// otherwise hang the open forever). Every failure is a file_error naming the path and errno.
 // Not for: general file I/O; Windows.
 #pragma once
 
@@ -55,13 +57,72 @@ class unique_fd {
   int fd_ = -1;
 };
 
+// What a file that is not a regular one is, for messages: "a FIFO", "a directory", ...
+inline const char* file_type_name(mode_t mode) noexcept {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// Opens `path` for reading, refusing anything but a regular file. O_NONBLOCK makes the open of a
+// FIFO (or a device) return at once instead of waiting for a writer; the file type is then read
+// from the open descriptor, so nothing can swap the file between the check and the read. `what`
+// names the file in messages ("dataset manifest", "checkpoint pointer"); `st` receives its stat.
+inline unique_fd open_regular_file(const std::filesystem::path& path, const std::string& what = "file",
+                                   struct stat* st = nullptr) {
+  unique_fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd) {
+    const int e = errno;
+    throw file_error(path.string() + ": cannot open the " + what + " for reading: " + errno_text(e) +
+                     (e == ENOENT ? "; check the path" : ""));
+  }
+  struct stat local {};
+  struct stat& s = st != nullptr ? *st : local;
+  if (::fstat(fd.get(), &s) != 0) throw file_error(path.string() + ": cannot stat the " + what + ": " + errno_text(errno));
+  if (!S_ISREG(s.st_mode))
+    throw file_error(path.string() + ": the " + what + " is " + file_type_name(s.st_mode) +
+                     ", not a regular file; etude reads only regular files (replace it with the real file)");
+  // Regular files never block; clearing the flag keeps later reads ordinary.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+// The whole of a regular file (a manifest, a JSONL metadata file, a checkpoint's `latest`
+// pointer), read without blocking on FIFOs or devices; at most `limit` bytes, so a wrong path to a
+// huge file is an error rather than an allocation of its size.
+inline std::string read_regular_file(const std::filesystem::path& path, const std::string& what = "file",
+                                     std::uint64_t limit = std::uint64_t{1} << 32) {
+  struct stat st {};
+  const unique_fd fd = open_regular_file(path, what, &st);
+  if (static_cast<std::uint64_t>(st.st_size) > limit)
+    throw file_error(path.string() + ": the " + what + " has " + std::to_string(st.st_size) +
+                     " bytes, more than the " + std::to_string(limit) + " etude reads; is this the right file?");
+  std::string out;
+  out.reserve(static_cast<std::size_t>(st.st_size));
+  char buffer[1 << 16];
+  for (;;) {
+    const ::ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw file_error(path.string() + ": cannot read the " + what + ": " + errno_text(errno));
+    if (n == 0) return out;
+    if (out.size() + static_cast<std::size_t>(n) > limit)
+      throw file_error(path.string() + ": the " + what + " grew past " + std::to_string(limit) + " bytes while read");
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
 // A whole file mapped read-only. The mapping stays valid while this object lives; the kernel
 // pages the bytes in on demand, so opening a 10 GiB shard costs no copy.
 class mapped_file {
  public:
   mapped_file() = default;
   explicit mapped_file(const std::filesystem::path& path) : path_(path) {
-    unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    unique_fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));  // a FIFO must not block
     if (!fd) {
       const int e = errno;
       throw file_error(path.string() + ": cannot open for reading: " + errno_text(e) +
@@ -70,7 +131,9 @@ class mapped_file {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0)
       throw file_error(path.string() + ": cannot stat: " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) throw file_error(path.string() + ": not a regular file");
+    if (!S_ISREG(st.st_mode))
+      throw file_error(path.string() + ": is " + std::string(file_type_name(st.st_mode)) +
+                       ", not a regular file; etude reads only regular files (replace it with the real file)");
     size_ = static_cast<std::uint64_t>(st.st_size);
     if (size_ == 0) return;  // mmap of length 0 fails; an empty file simply has no bytes
     void* p = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_SHARED, fd.get(), 0);

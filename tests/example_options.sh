@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The example programs' command lines: a bad number is named with what is wrong (never a bare
+# "stol", never silently truncated or saturated), a usage error exits with the program's usage
+# status, and --help prints the options and exits 0.
+#   example_options.sh <train_tiny> [<will_it_fit>]
+set -uo pipefail
+train=$1
+fit=${2:-}
+failed=0
+# expect <status> <text the error must contain> <program> <args...>
+expect() {
+  local want=$1 text=$2
+  shift 2
+  local err status
+  err=$("$@" 2>&1 >/dev/null)
+  status=$?
+  if [[ $status -ne $want || "$err" != *"$text"* ]]; then
+    echo "FAILED: $* exited $status (want $want) with: $err (want it to contain: $text)"
+    failed=1
+  fi
+}
+expect 2 "train_tiny: --steps: 'abc' is not an integer" "$train" --steps abc
+expect 2 "--steps: 0 is out of range: the least allowed is 1" "$train" --steps 0
+expect 2 "--steps: 99999999999999999999 is out of range" "$train" --steps 99999999999999999999
+expect 2 "--batch: 3 is not a multiple of 2" "$train" --batch 3
+expect 2 "--frames: '32.5' is not an integer" "$train" --frames 32.5
+expect 2 "--lr: -1 is out of range" "$train" --lr -1
+expect 2 "--lr: inf is not a finite number" "$train" --lr inf
+expect 2 "--stop-after: -1 is out of range" "$train" --stop-after -1
+expect 2 "--workers: 100000 is out of range" "$train" --workers 100000
+expect 2 "--seed: -1 is out of range" "$train" --seed -1
+expect 2 "--device: 'gpu': use cpu or cuda" "$train" --device gpu
+expect 2 "--steps: 1 required INT missing" "$train" --steps
+expect 2 "not expected: --bogus" "$train" --bogus
+help=$("$train" --help) || { echo "FAILED: train_tiny --help exited $?"; failed=1; }
+[[ "$help" == *"--checkpoint-every"* && "$help" == *"--run-dir"* ]] || { echo "FAILED: train_tiny --help: $help"; failed=1; }
+if [[ -n "$fit" ]]; then
+  expect 2 "will_it_fit: --seconds: 'abc' is not a number" "$fit" --seconds abc
+  expect 2 "--world-size: 0 is out of range" "$fit" --world-size 0
+  expect 2 "--memory: '99999999999999999999' is neither" "$fit" --memory 99999999999999999999
+  expect 2 "--hop: -1 is out of range" "$fit" --hop -1
+  "$fit" --help | grep -q -- "--global-batch" || { echo "FAILED: will_it_fit --help"; failed=1; }
+fi
+[[ $failed -eq 0 ]] && echo "every bad option was named and refused"
+exit $failed
