@@ -135,6 +135,14 @@ TEST_CASE("adamw_check refuses exactly the updates that would store a non-finite
          g[5] = 1e20f;
        },
        etude::update_value_key(5, etude::update_value_state1)},
+      {"a weight the first pass cannot clear (huge m, huge v) is decided exactly: finite", 1e-3,
+       [](auto&, auto&, auto& m, auto& v) {
+         m[12] = 1e35f;
+         v[12] = 3e38f;
+       },
+       -1},
+      {"a negative second moment (corrupt state): the weight becomes NaN", 1e-3,
+       [](auto&, auto&, auto&, auto& v) { v[7] = -1.0f; }, etude::update_value_key(7, etude::update_value_weight)},
       {"an fp16 working copy above 65504 while the fp32 master is finite", 1e-3,
        [](auto& p, auto&, auto&, auto&) { p[3] = 7e4f; }, etude::update_value_key(3, etude::update_value_working),
        true},

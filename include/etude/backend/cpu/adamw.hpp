@@ -70,7 +70,12 @@ struct cpu_adamw {
   }
 
   // The check of the update above (ops/adamw.hpp): the same elements, nothing written, the first
-  // non-finite stored value refusing the update.
+  // non-finite stored value refusing the update. A first pass screens without the square root and
+  // the division (the cost of the update): the moments exactly (each times 0 is 0 when finite, NaN
+  // when not, so a sum in any order says it), the weight by |p·decay| + |step_size·m|/eps, a bound
+  // of |p'| (the denominator is at least eps) that must stay below half the dtype's largest value
+  // (float rounding moves it by a few ulp).
+  // Only when something fails the screen does the exact pass run, which decides.
   template <class M, class G, class S, class P = M>
   static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
                           const optim::adamw::scalars* sc, step_decision* d, const P* working = nullptr) {
@@ -79,9 +84,24 @@ struct cpu_adamw {
     const coefficients<F> c(*sc, d->grad_scale);
     // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
+    const F limit = static_cast<F>(0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
+                                                        : dtype_traits<M>::max_finite));
+    const F inv_eps = F(1) / c.eps;
+    F zero = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : zero)
+    for (index_t i = 0; i < n; ++i) {
+      const F g = cpu_detail::cv<F>(grad[i]) * c.grad_scale;
+      const F m0 = cpu_detail::cv<F>(m[i]);
+      const F ms = cpu_detail::cv<F>(cpu_detail::cv<S>(m0 + c.w1 * (g - m0)));
+      const F vs = cpu_detail::cv<F>(cpu_detail::cv<S>(cpu_detail::cv<F>(v[i]) * c.b2 + c.w2 * g * g));
+      const F bound = std::fabs(cpu_detail::cv<F>(p[i]) * c.decay) + std::fabs(c.step_size * ms) * inv_eps;
+      // a negative second moment (restored corrupt state) would make the square root NaN
+      zero += ms * F(0) + vs * F(0) + (bound < limit && vs >= F(0) ? F(0) : F(1));
+    }
+    if (zero == F(0)) return;
     constexpr index_t none = std::numeric_limits<index_t>::max();
     index_t first = none;
-#pragma omp parallel for simd schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first)
     for (index_t i = 0; i < n; ++i) {
       const element<S, F> e = step_element(p[i], grad[i], m[i], v[i], c);
       const int what = !cpu_detail::finite(e.m)                                           ? update_value_state0

@@ -65,9 +65,19 @@ struct cpu_sgd {
     using F = cpu_detail::compute_of<M>;
     const coefficients<F> c(*sc, d->grad_scale);
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
+    // first whether there is one: each stored value times 0 is 0 when finite and NaN when not, so
+    // a sum in any order says it, in one vectorised reduction; then, only if so, which is first
+    F zero = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : zero)
+    for (index_t i = 0; i < n; ++i) {
+      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
+      zero += cpu_detail::cv<F>(e.buf) * F(0) + cpu_detail::cv<F>(cpu_detail::cv<M>(e.p)) * F(0) +
+              (check_working ? cpu_detail::cv<F>(cpu_detail::cv<P>(e.p)) * F(0) : F(0));
+    }
+    if (zero == F(0)) return;
     constexpr index_t none = std::numeric_limits<index_t>::max();
     index_t first = none;
-#pragma omp parallel for simd schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first)
     for (index_t i = 0; i < n; ++i) {
       const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
       const int what = !cpu_detail::finite(e.buf)                                         ? update_value_state0
