@@ -312,7 +312,7 @@ check_result adamw_check(dtype working, bool with_working, const vec& p, const v
     const auto dp = to_device<float>(p), dg = to_device<float>(g), dm = to_device<float>(m), dv = to_device<float>(v);
     const cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
     const auto ds = one_on_device(scalars);
-    const auto dd = decision_on_device(grad_scale, skip);
+    auto dd = decision_on_device(grad_scale, skip);
     backend_t::adamw_check(dp.data(), dg.data(), dm.data(), dv.data(), dp.size(), ds.data(), dd.data(),
                            with_working ? dw.data() : static_cast<const W*>(nullptr));
     return result_of(dd, to_host(dp) == p && to_host(dm) == m && to_host(dv) == v);
@@ -327,7 +327,7 @@ check_result sgd_check(dtype working, bool with_working, const vec& p, const vec
     const auto dp = to_device<float>(p), dg = to_device<float>(g), db = to_device<float>(buf);
     const cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
     const auto ds = one_on_device(scalars);
-    const auto dd = decision_on_device(grad_scale, skip);
+    auto dd = decision_on_device(grad_scale, skip);
     backend_t::sgd_check(dp.data(), dg.data(), db.data(), dp.size(), ds.data(), dd.data(),
                          with_working ? dw.data() : static_cast<const W*>(nullptr));
     return result_of(dd, to_host(dp) == p && to_host(db) == buf);
