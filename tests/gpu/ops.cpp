@@ -568,8 +568,11 @@ TEST_CASE("adamw_check and sgd_check name the same first refused value as the CP
       want.skip = skip;
       want.refused = -1;
       std::vector<etude::fp16> working(c.with_working ? n : 0);
-      cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
-                       c.with_working ? working.data() : static_cast<const float*>(nullptr));
+      if (c.with_working)
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want, working.data());
+      else
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
+                         static_cast<const float*>(nullptr));
       const dev::check_result got = dev::adamw_check(dtype::f16, c.with_working, cp, cg, cm, cv, sc, 0.5, skip);
       CHECK(got.refused == want.refused);
       CHECK(got.skip == want.skip);
@@ -582,8 +585,11 @@ TEST_CASE("adamw_check and sgd_check name the same first refused value as the CP
     want.grad_scale = 0.5;
     want.refused = -1;
     std::vector<etude::fp16> working(c.with_working ? n : 0);
-    cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
-                   c.with_working ? working.data() : static_cast<const float*>(nullptr));
+    if (c.with_working)
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want, working.data());
+    else
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
+                     static_cast<const float*>(nullptr));
     const dev::check_result got = dev::sgd_check(dtype::f16, c.with_working, cp, cg, cm, ss, 0.5, 0);
     CHECK(got.refused == want.refused);
     CHECK(got.status == want.status);
