@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -252,4 +253,154 @@ TEST_CASE("contract: save, restore and continue is bit-identical to training on"
     CHECK(resumed.step(contract::random_batch(4, 12, 20 + s)).ce == straight.step(contract::random_batch(4, 12, 20 + s)).ce);
   CHECK(contract::snapshot(resumed) == contract::snapshot(straight));
   fs::remove_all(dir);
+}
+
+namespace contract {
+
+// The message of the non_finite error f throws (fails the test when it throws nothing or another).
+template <class F>
+std::string non_finite_message(F&& f) {
+  try {
+    f();
+  } catch (const etude::non_finite& e) {
+    return e.what();
+  }
+  FAIL("no etude::non_finite thrown");
+  return {};
+}
+
+// Everything a step may change, the loss scaler's state included.
+struct full_snapshot {
+  snapshot state;
+  double scale;
+  long good, skipped;
+  template <class Trainer>
+  explicit full_snapshot(const Trainer& t)
+      : state(t), scale(t.loss_scale()), good(t.good_steps()), skipped(t.skipped_steps()) {}
+  bool operator==(const full_snapshot& o) const {
+    return state == o.state && scale == o.scale && good == o.good && skipped == o.skipped;
+  }
+};
+
+// Puts `to` in `from`'s state through restore (a device trainer is not copyable).
+template <class Trainer>
+void restore_from(Trainer& to, const Trainer& from) {
+  if constexpr (Trainer::optimizer_state_count > 1)
+    to.restore(from.steps_done(), from.parameters(), from.optimizer_state(0), from.optimizer_state(1));
+  else
+    to.restore(from.steps_done(), from.parameters(), from.optimizer_state(0));
+  to.set_loss_scale(from.loss_scale(), from.good_steps(), from.skipped_steps());
+}
+
+// `trained` one step along on batch b1, then a trainer with hyper `wild` put in that state: its
+// step on b2 must be refused with a message naming `names`, change nothing, and a trainer with the
+// sane hyperparameters restored from the refused one must then take exactly trained's next step.
+template <class Config>
+void check_refused(const etude::hyper& sane, const etude::hyper& wild, const std::vector<std::string>& names) {
+  const auto b1 = random_batch(4, 12, 30), b2 = random_batch(4, 12, 31);
+  trainer_for<Config> trained{sane};
+  trained.step(b1);
+  trainer_for<Config> refused{wild};
+  restore_from(refused, std::as_const(trained));
+  const full_snapshot before(refused);
+  REQUIRE(before == full_snapshot(trained));
+  const std::string message = non_finite_message([&] { refused.step(b2); });
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("step 1:") && Catch::Contains("nothing was changed") &&
+                          Catch::Contains("Lower the learning rate"));
+  for (const auto& n : names) CHECK_THAT(message, Catch::Contains(n));
+  CHECK(full_snapshot(refused) == before);
+  // refused again: the state is still the one before, so the same error
+  CHECK(non_finite_message([&] { refused.step(b2); }) == message);
+  CHECK(full_snapshot(refused) == before);
+  trainer_for<Config> resumed{sane};
+  restore_from(resumed, std::as_const(refused));
+  const etude::step_stats a = resumed.step(b2), b = trained.step(b2);
+  CHECK(std::isfinite(a.ce));
+  CHECK(a.ce == b.ce);
+  CHECK(resumed.steps_done() == 2);
+  CHECK(full_snapshot(resumed) == full_snapshot(trained));
+}
+
+}  // namespace contract
+
+TEST_CASE("contract: an AdamW update that would overflow (lr 1e38) is refused before it writes, naming the tensor", "[contract][non_finite]" ETUDE_CONTRACT_TAG) {
+  auto wild = contract::contract_hyper();
+  wild.lr = 1e38;
+  contract::check_refused<contract_adamw>(contract::contract_hyper(), wild,
+                                          {"adamw update at learning rate", "the weight of emb.0.weight (element 0 of"});
+}
+
+TEST_CASE("contract: an SGD update that would overflow is refused before it writes, naming the tensor", "[contract][non_finite]" ETUDE_CONTRACT_TAG) {
+  auto wild = contract::contract_hyper();
+  wild.lr = 1e39;  // infinite in float
+  contract::check_refused<contract_sgd>(contract::contract_hyper(), wild,
+                                        {"sgd_nesterov update", "the weight of emb.0.weight (element 0 of"});
+}
+
+TEST_CASE("contract: fp16: an update that overflows only the fp16 working copy is refused; overflowing gradients still skip", "[contract][non_finite]" ETUDE_CONTRACT_TAG) {
+  auto wild = contract::contract_hyper();
+  wild.lr = 1e5;  // AdamW moves each weight by about lr: past fp16's 65504, well within the fp32 master's range
+  contract::check_refused<contract_fp16>(contract::contract_hyper(), wild, {"the f16 working copy of "});
+  // gradients that overflow at the current scale are still a skip that lowers the scale, not an error
+  contract::trainer_for<contract_fp16> t{wild};
+  t.set_loss_scale(std::ldexp(1.0, 100));
+  const contract::snapshot before(t);
+  const etude::step_stats s = t.step(contract::random_batch(4, 12, 32));
+  CHECK(s.skipped);
+  CHECK(t.loss_scale() == std::ldexp(1.0, 99));
+  CHECK(contract::snapshot(t) == before);
+}
+
+TEST_CASE("contract: finite gradients that overflow only the output heads' second moment are refused", "[contract][non_finite]" ETUDE_CONTRACT_TAG) {
+  using params = contract::trainer_for<contract_adamw>::params;
+  const auto h = contract::contract_hyper();
+  contract::trainer_for<contract_adamw> t{h};
+  const auto b1 = contract::random_batch(4, 12, 33), b2 = contract::random_batch(4, 12, 34);
+  t.step(b1);
+  // a huge final LayerNorm bias makes the heads' inputs ~1e24: their weight gradients (~1e22) are
+  // finite in float but their squares are not, while every other gradient stays ordinary
+  const etude::param_desc& bias = params::at(etude::param_kind::out_norm_bias);
+  const std::vector<float> saved(t.tensor(bias).begin(), t.tensor(bias).end());
+  for (auto& x : t.tensor(bias)) x = 1e24f;
+  contract::trainer_for<contract_adamw> probe{h};
+  contract::restore_from(probe, std::as_const(t));
+  probe.loss_and_gradients(b2);
+  const auto g = contract::grads_of(probe);
+  REQUIRE(std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); }));
+  const contract::full_snapshot before(t);
+  const std::string message = contract::non_finite_message([&] { t.step(b2); });
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("exp_avg_sq of linears.0.weight") && Catch::Contains("nothing was changed"));
+  CHECK(contract::full_snapshot(t) == before);
+  std::copy(saved.begin(), saved.end(), t.tensor(bias).begin());
+  CHECK(std::isfinite(t.step(b2).ce));
+  CHECK(t.steps_done() == 2);
+}
+
+TEST_CASE("contract: evaluate refuses what step refuses: a fully padded batch, a non-finite loss", "[contract][eval]" ETUDE_CONTRACT_TAG) {
+  contract::trainer_for<contract_adamw> t{contract::contract_hyper()};
+  t.step(contract::random_batch(4, 12, 35));
+  const contract::snapshot before(t);
+  auto padded = contract::random_batch(4, 12, 36);
+  std::fill(padded.mask.begin(), padded.mask.end(), static_cast<unsigned char>(0));
+  CHECK_THROWS_WITH(t.step(padded), Catch::Contains("training batch: codebook 0 has no valid target token"));
+  CHECK_THROWS_WITH(t.evaluate(padded), Catch::Contains("evaluation batch: codebook 0 has no valid target token"));
+  CHECK_THROWS_AS(t.evaluate(padded), etude::invalid_input);
+  // one codebook padded throughout: also refused by both
+  auto one = contract::random_batch(4, 12, 37);
+  for (etude::index_t e = 0; e < 4; ++e)
+    for (etude::index_t f = 0; f < 12; ++f) one.mask_at(e, 2, f) = 0;
+  CHECK_THROWS_WITH(t.step(one), Catch::Contains("codebook 2 has no valid target token"));
+  CHECK_THROWS_WITH(t.evaluate(one), Catch::Contains("evaluation batch: codebook 2 has no valid target token"));
+  CHECK(contract::snapshot(t) == before);
+  // a non-finite weight: step and evaluate both throw non_finite
+  contract::trainer_for<contract_adamw> bad{contract::contract_hyper()};
+  contract::restore_from(bad, std::as_const(t));
+  using params = contract::trainer_for<contract_adamw>::params;
+  bad.tensor(params::at(etude::param_kind::head, -1, 1))[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto batch = contract::random_batch(4, 12, 38);
+  CHECK_THROWS_AS(bad.step(batch), etude::non_finite);
+  CHECK_THAT(contract::non_finite_message([&] { bad.evaluate(batch); }),
+             Catch::Contains("loss of codebook 1 is not finite"));
 }

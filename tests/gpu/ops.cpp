@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -529,4 +530,69 @@ TEST_CASE("AdamW with fp32 master and a 16-bit working copy, SGD: the step's for
   CHECK(dev::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
   CHECK(dev::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
   CHECK(dev::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) == Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));
+}
+
+TEST_CASE("adamw_check and sgd_check name the same first refused value as the CPU's, and write nothing", "[gpu][optim]") {
+  const std::size_t n = 100003;  // several blocks of the check's first pass
+  const vec p = uniform(n, -1, 1, 120), m = uniform(n, -0.01f, 0.01f, 121), v = uniform(n, 0, 1e-4f, 122),
+            g = uniform(n, -1, 1, 123);
+  struct variant {
+    const char* what;
+    double lr;
+    std::function<void(vec&, vec&, vec&, vec&)> edit;
+    bool with_working;
+  };
+  const std::vector<variant> variants = {
+      {"a sane learning rate", 1e-3, [](vec&, vec&, vec&, vec&) {}, false},
+      {"lr 1e38", 1e38, [](vec&, vec&, vec&, vec&) {}, false},
+      {"huge gradients in several blocks", 1e-3,
+       [](vec&, vec& gg, vec&, vec&) { gg[70001] = gg[50000] = gg[99999] = 1e20f; }, false},
+      {"the moments of one element", 1e-3,
+       [](vec&, vec& gg, vec& mm, vec&) {
+         gg[81234] = 2e38f;
+         mm[81234] = -2e38f;
+       },
+       false},
+      {"an fp16 working copy", 1e-3, [](vec& pp, vec&, vec&, vec&) { pp[4097] = 7e4f; }, true},
+  };
+  etude::hyper h;
+  for (const variant& c : variants) {
+    INFO(c.what);
+    vec cp = p, cg = g, cm = m, cv = v;
+    c.edit(cp, cg, cm, cv);
+    const auto sc = etude::optim::adamw::make_scalars(h, c.lr, 3);
+    for (int skip : {0, 1}) {
+      INFO("skip " << skip);
+      etude::step_decision want{};
+      want.grad_scale = 0.5;
+      want.skip = skip;
+      want.refused = -1;
+      std::vector<etude::fp16> working(c.with_working ? n : 0);
+      if (c.with_working)
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want, working.data());
+      else
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
+                         static_cast<const float*>(nullptr));
+      const dev::check_result got = dev::adamw_check(dtype::f16, c.with_working, cp, cg, cm, cv, sc, 0.5, skip);
+      CHECK(got.refused == want.refused);
+      CHECK(got.skip == want.skip);
+      CHECK(got.status == want.status);
+      CHECK(got.unchanged);
+    }
+    // SGD on the same inputs (the moments as its buffer)
+    const etude::optim::sgd_scalars ss{c.lr > 1 ? 1e39 : 0.01, 0.9, 0.1, 1, 0};
+    etude::step_decision want{};
+    want.grad_scale = 0.5;
+    want.refused = -1;
+    std::vector<etude::fp16> working(c.with_working ? n : 0);
+    if (c.with_working)
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want, working.data());
+    else
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
+                     static_cast<const float*>(nullptr));
+    const dev::check_result got = dev::sgd_check(dtype::f16, c.with_working, cp, cg, cm, ss, 0.5, 0);
+    CHECK(got.refused == want.refused);
+    CHECK(got.status == want.status);
+    CHECK(got.unchanged);
+  }
 }

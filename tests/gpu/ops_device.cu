@@ -289,6 +289,51 @@ void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, doub
   buf = to_host(db);
 }
 
+namespace {
+cu::device_buffer<etude::step_decision> decision_on_device(double grad_scale, int skip) {
+  etude::step_decision d;
+  d.grad_scale = grad_scale;
+  d.skip = skip;
+  d.refused = -1;
+  return one_on_device(d);
+}
+check_result result_of(const cu::device_buffer<etude::step_decision>& dd, bool unchanged) {
+  etude::step_decision d;
+  cu::download(&d, dd.data(), 1);
+  return {d.refused, d.skip, d.status, unchanged};
+}
+}  // namespace
+
+check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m, const vec& v,
+                         const optim::adamw::scalars& scalars, double grad_scale, int skip) {
+  session s;
+  return dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const auto dp = to_device<float>(p), dg = to_device<float>(g), dm = to_device<float>(m), dv = to_device<float>(v);
+    const cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
+    const auto ds = one_on_device(scalars);
+    auto dd = decision_on_device(grad_scale, skip);
+    backend_t::adamw_check(dp.data(), dg.data(), dm.data(), dv.data(), dp.size(), ds.data(), dd.data(),
+                           with_working ? dw.data() : static_cast<const W*>(nullptr));
+    return result_of(dd, to_host(dp) == p && to_host(dm) == m && to_host(dv) == v);
+  });
+}
+
+check_result sgd_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& buf,
+                       const optim::sgd_scalars& scalars, double grad_scale, int skip) {
+  session s;
+  return dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const auto dp = to_device<float>(p), dg = to_device<float>(g), db = to_device<float>(buf);
+    const cu::device_buffer<W> dw(static_cast<index_t>(p.size()));
+    const auto ds = one_on_device(scalars);
+    auto dd = decision_on_device(grad_scale, skip);
+    backend_t::sgd_check(dp.data(), dg.data(), db.data(), dp.size(), ds.data(), dd.data(),
+                         with_working ? dw.data() : static_cast<const W*>(nullptr));
+    return result_of(dd, to_host(dp) == p && to_host(db) == buf);
+  });
+}
+
 float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
   session s;
   cu::device_buffer<etude::step_limits> in(1);

@@ -73,6 +73,18 @@ bool all_finite(dtype t, const vec& x);
 void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
            const optim::adamw::scalars& scalars, double grad_scale, int skip);
 void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip);
+// The optimisers' checks on an fp32 master, fp32 gradients and moments, a working copy of dtype
+// `working` when with_working: the decision's `refused` after the check of a decision that runs
+// (skip 0) or skips (skip 1), and whether every input came back unchanged.
+struct check_result {
+  index_t refused;
+  int skip, status;
+  bool unchanged;
+};
+check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m, const vec& v,
+                         const optim::adamw::scalars& scalars, double grad_scale, int skip);
+check_result sgd_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& buf,
+                       const optim::sgd_scalars& scalars, double grad_scale, int skip);
 float clip_scale(double sum_squares, float max_norm, float inv_loss_scale);
 
 }  // namespace etude::gpu_test

@@ -1,8 +1,12 @@
 // The AdamW update on the CPU against PyTorch's formula written out in double, over three updates
-// with weight decay, a gradient factor and bias corrections; the skip flag; the working copy.
+// with weight decay, a gradient factor and bias corrections; the skip flag; the working copy; the
+// check that refuses an update which would store a non-finite value, against the update itself.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -66,5 +70,133 @@ TEST_CASE("adamw_update: the skip flag changes nothing; a bf16 working copy is t
   for (index_t i = 0; i < n; ++i) {
     CHECK(p[i] != 0.3f);
     CHECK(working[i].bits == etude::bf16(p[i]).bits);
+  }
+}
+
+namespace {
+// A decision as step_control leaves it for a step that may update: finite, not skipped.
+etude::step_decision running_decision(double grad_scale) {
+  etude::step_decision d{};
+  d.grad_scale = grad_scale;
+  d.refused = -1;
+  return d;
+}
+
+// The plain reference of adamw_check: run the update on copies and name the first value it stored
+// that is not finite, in (element, what) order.
+template <class P>
+etude::index_t first_non_finite_stored(std::vector<float> p, const std::vector<float>& g, std::vector<float> m,
+                                       std::vector<float> v, const etude::optim::adamw::scalars& sc, double scale,
+                                       bool with_working) {
+  const auto n = static_cast<index_t>(p.size());
+  std::vector<P> working(p.size(), P(0.0f));
+  const int run = 0;
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc, &scale, &run,
+                    with_working ? working.data() : nullptr);
+  for (index_t i = 0; i < n; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    if (!std::isfinite(m[u])) return etude::update_value_key(i, etude::update_value_state0);
+    if (!std::isfinite(v[u])) return etude::update_value_key(i, etude::update_value_state1);
+    if (!std::isfinite(p[u])) return etude::update_value_key(i, etude::update_value_weight);
+    if (with_working && !std::isfinite(static_cast<float>(working[u])))
+      return etude::update_value_key(i, etude::update_value_working);
+  }
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("adamw_check refuses exactly the updates that would store a non-finite value, naming the first", "[ops]") {
+  const index_t n = 41;
+  const auto rp = random_vector(n, 91), rg = random_vector(n, 92), rm = random_vector(n, 93, 0.1),
+             rv = random_vector(n, 94, 0.01);
+  struct variant {
+    const char* what;
+    double lr;
+    std::function<void(std::vector<float>&, std::vector<float>&, std::vector<float>&, std::vector<float>&)> edit;
+    etude::index_t want;  // the key the check must report, -1 for none
+    bool fp16_working = false;
+  };
+  const std::vector<variant> variants = {
+      {"a sane learning rate", 1e-3, [](auto&, auto&, auto&, auto&) {}, -1},
+      {"lr 1e38: every weight", 1e38, [](auto&, auto&, auto&, auto&) {},
+       etude::update_value_key(0, etude::update_value_weight)},
+      {"one huge finite gradient: only exp_avg_sq", 1e-3, [](auto&, auto& g, auto&, auto&) { g[17] = g[30] = 1e20f; },
+       etude::update_value_key(17, etude::update_value_state1)},
+      {"exp_avg and exp_avg_sq of one element: exp_avg, computed first, is named", 1e-3,
+       [&](auto&, auto& g, auto& m, auto&) {
+         g[8] = 2e38f;  // g − m overflows, and so does g²
+         m[8] = -2e38f;
+       },
+       etude::update_value_key(8, etude::update_value_state0)},
+      {"an earlier element comes first, whatever its value", 1e-3,
+       [&](auto&, auto& g, auto& m, auto&) {
+         g[29] = 2e38f;
+         m[29] = -2e38f;
+         g[5] = 1e20f;
+       },
+       etude::update_value_key(5, etude::update_value_state1)},
+      {"a weight the first pass cannot clear (huge m, huge v) is decided exactly: finite", 1e-3,
+       [](auto&, auto&, auto& m, auto& v) {
+         m[12] = 1e35f;
+         v[12] = 3e38f;
+       },
+       -1},
+      {"a negative second moment (corrupt state): the weight becomes NaN", 1e-3,
+       [](auto&, auto&, auto&, auto& v) { v[7] = -1.0f; }, etude::update_value_key(7, etude::update_value_weight)},
+      {"an fp16 working copy above 65504 while the fp32 master is finite", 1e-3,
+       [](auto& p, auto&, auto&, auto&) { p[3] = 7e4f; }, etude::update_value_key(3, etude::update_value_working),
+       true},
+  };
+  etude::hyper h;
+  for (const variant& c : variants) {
+    INFO(c.what);
+    std::vector<float> p(rp.begin(), rp.end()), g(rg.begin(), rg.end()), m(rm.begin(), rm.end()), v(n);
+    for (index_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(std::fabs(rv[i]));
+    c.edit(p, g, m, v);
+    const auto sc = etude::optim::adamw::make_scalars(h, c.lr, 3);
+    const double scale = 1.0;
+    const etude::index_t reference = c.fp16_working
+                                         ? first_non_finite_stored<etude::fp16>(p, g, m, v, sc, scale, true)
+                                         : first_non_finite_stored<float>(p, g, m, v, sc, scale, false);
+    CHECK(reference == c.want);
+    const auto p0 = p, m0 = m, v0 = v;
+    etude::step_decision d = running_decision(scale);
+    std::vector<etude::fp16> working(p.size(), etude::fp16(0.0f));
+    if (c.fp16_working)
+      cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc, &d, working.data());
+    else
+      cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc, &d, static_cast<const float*>(nullptr));
+    CHECK(d.refused == c.want);
+    CHECK(d.skip == (c.want >= 0 ? 1 : 0));
+    CHECK(d.status == (c.want >= 0 ? etude::step_update_not_finite : 0));
+    CHECK(p == p0);  // nothing written
+    CHECK(m == m0);
+    CHECK(v == v0);
+    CHECK(static_cast<float>(working[0]) == 0.0f);
+    // a decision that already skips is left alone
+    etude::step_decision skipped = running_decision(scale);
+    skipped.skip = 1;
+    skipped.status = etude::step_grads_not_finite;
+    cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc, &skipped, static_cast<const float*>(nullptr));
+    CHECK(skipped.refused == -1);
+    CHECK(skipped.status == etude::step_grads_not_finite);
+  }
+}
+
+TEST_CASE("adamw_check: the first refused value does not depend on the thread count", "[ops]") {
+  // a tensor larger than one thread's share, with offenders in the second half and late in the first
+  const index_t n = 100003;
+  const auto r = random_vector(n, 95);
+  std::vector<float> p(r.begin(), r.end()), g(p), m(n, 0.0f), v(n, 0.0f);
+  g[70001] = g[50000] = g[99999] = 1e20f;
+  const auto sc = etude::optim::adamw::make_scalars(etude::hyper{}, 1e-3, 1);
+  for (int threads : {1, 2, 3, 7}) {
+    INFO(threads << " threads");
+    const int keep = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    etude::step_decision d = running_decision(1.0);
+    cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc, &d, static_cast<const float*>(nullptr));
+    omp_set_num_threads(keep);
+    CHECK(d.refused == etude::update_value_key(50000, etude::update_value_state1));
   }
 }

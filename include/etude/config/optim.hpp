@@ -3,7 +3,8 @@
 // struct here:
 //   - an optimiser names its state tensors (state_names: checkpoint and Hugging Face names), forms
 //     the per-update scalars on the host (make_scalars, in double, from etude::hyper, the learning
-//     rate and the update number), and applies them through a backend's update op (update<B>);
+//     rate and the update number), applies them through a backend's update op (update<B>) and
+//     checks first that they would leave every stored value finite (check<B>);
 //   - a schedule computes the learning rate at an update count (rate) and checks the
 //     hyperparameters it reads (validate).
 // The numbers themselves (lr, betas, warmup...) are runtime values in etude::hyper. The update ops
@@ -51,6 +52,12 @@ struct adamw : optimizer_tag {
                      const int* skip, P* working) {
     Backend::adamw_update(p, grad, state[0], state[1], n, s, grad_scale, skip, working);
   }
+  // Refuses the update (d: the step's decision) when it would store a non-finite value.
+  template <class Backend, class M, class G, class S, class P, class Decision>
+  static void check(const M* p, const G* grad, S* const* state, index_t n, const scalars* s, Decision* d,
+                    const P* working) {
+    Backend::adamw_check(p, grad, static_cast<const S*>(state[0]), static_cast<const S*>(state[1]), n, s, d, working);
+  }
 };
 
 // What an SGD update reads (both forms).
@@ -77,6 +84,11 @@ struct sgd : optimizer_tag {
   static void update(M* p, const G* grad, S* const* state, index_t n, const scalars* s, const double* grad_scale,
                      const int* skip, P* working) {
     Backend::sgd_update(p, grad, state[0], n, s, grad_scale, skip, working);
+  }
+  template <class Backend, class M, class G, class S, class P, class Decision>
+  static void check(const M* p, const G* grad, S* const* state, index_t n, const scalars* s, Decision* d,
+                    const P* working) {
+    Backend::sgd_check(p, grad, static_cast<const S*>(state[0]), n, s, d, working);
   }
 };
 }  // namespace optim

@@ -7,7 +7,8 @@
 //   ops/layernorm.hpp (layernorm_fwd/bwd, residual_layernorm_fwd)
 //   ops/attention.hpp (attention_scratch, attention_fwd/bwd)
 //   ops/softmax_xent.hpp    ops/reduce.hpp (sum_squares, all_finite)
-//   ops/adamw.hpp    ops/sgd.hpp    ops/step_control.hpp (step_control, clear_unless)
+//   ops/adamw.hpp, ops/sgd.hpp (the updates and their checks)
+//   ops/step_control.hpp (step_control, clear_unless)
 // backend/cpu/<op>.hpp and backend/cuda/<op>.cuh implement them; backend/cpu/cpu.hpp and
 // backend/cuda/cuda.cuh assemble the two op sets.
 //

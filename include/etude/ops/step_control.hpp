@@ -14,10 +14,17 @@
 //       skip    = status != 0: the update changes nothing;
 //       keep    = the loss is not finite, or the gradients are and the loss is not scaled: an
 //                 error, so the gradients stay for the report (clear_unless leaves them).
+//       refused = -1 (an optimiser's check names the refused value there, below).
 //   clear_unless(x, n, const int* keep)   x[0, n) = 0 unless *keep
 //
 // out->sum_squares is written by the reduction (sum_squares(grads, n, &out->sum_squares)) before
 // step_control reads it. Every pointer is memory of the backend that runs the op.
+//
+// Between step_control and the update, the optimiser's check (adamw_check, sgd_check: ops/adamw.hpp,
+// ops/sgd.hpp) computes every value the update would store; when one of them is not finite it
+// refuses the update (refuse_update below): status |= update_not_finite, skip = 1, and refused =
+// update_value_key(i, what) of the first such value in (element, what) order. keep stays 0: the
+// gradients are cleared as after a good step, and the host reports the refusal from `refused`.
 #pragma once
 
 #include <math.h>
@@ -37,6 +44,16 @@ namespace etude {
 
 inline constexpr int step_loss_not_finite = 1;
 inline constexpr int step_grads_not_finite = 2;
+inline constexpr int step_update_not_finite = 4;  // finite gradients, but the update would overflow
+
+// Which stored value of element i an update would make non-finite, in the order the update computes
+// them: the optimiser's state tensors (optimizer::state_names), then the (master) weight, then the
+// rounded working copy of a mixed policy.
+inline constexpr int update_value_state0 = 0;
+inline constexpr int update_value_state1 = 1;
+inline constexpr int update_value_weight = 2;
+inline constexpr int update_value_working = 3;
+ETUDE_HOST_DEVICE constexpr index_t update_value_key(index_t i, int what) { return i * 4 + what; }
 
 struct step_limits {
   double clip_norm = 1.0;   // hyper.clip_norm; 0 disables clipping
@@ -48,7 +65,8 @@ struct step_decision {
   double sum_squares = 0.0;  // Σ g² of the accumulated (scaled) gradients
   double clip_coef = 1.0;    // the clip coefficient (1 when not clipped)
   double grad_scale = 1.0;   // clip_coef / loss scale
-  int status = 0;            // step_loss_not_finite | step_grads_not_finite
+  index_t refused = -1;      // update_value_key of the first value the update would make non-finite
+  int status = 0;            // step_loss_not_finite | step_grads_not_finite | step_update_not_finite
   int skip = 0;              // the update was skipped
   int keep = 0;              // the gradients were kept for the error report
 };
@@ -88,6 +106,15 @@ ETUDE_HOST_DEVICE inline void decide_step(const step_limits& in, const double* l
   }
   out.clip_coef = coef;
   out.grad_scale = coef / in.loss_scale;
+  out.refused = -1;
+}
+
+// An optimiser's check found that the update would store a non-finite value (key: update_value_key
+// of the first): the update is skipped and nothing is written. Only called while !out.skip.
+ETUDE_HOST_DEVICE inline void refuse_update(step_decision& out, index_t key) {
+  out.status |= step_update_not_finite;
+  out.skip = 1;
+  out.refused = key;
 }
 
 }  // namespace etude

@@ -89,6 +89,12 @@ class trainer {
   // hyper.scale_growth. The learning-rate schedule follows the count of applied updates, so a
   // skipped step does not advance it (warmup is not eaten by the first overflows). The gradient
   // norm, clipping and the update see the unscaled gradients.
+  //
+  // A step never commits non-finite state: a non-finite loss, non-finite gradients without loss
+  // scaling, or an update from finite gradients that would store a non-finite parameter, moment
+  // or working-copy value (the optimiser's check, ops/adamw.hpp) throw non_finite, naming the
+  // tensor, and leave parameters, optimiser state, step count and loss scale bit-identical (the
+  // gradients cleared, as after a good step).
   step_stats step(const batch_view& batch);
 
   // Loss and gradients of a batch, exactly as step() computes them (scaled by the current loss
@@ -97,7 +103,8 @@ class trainer {
   step_stats loss_and_gradients(const batch_view& batch);
 
   // Validation: forward and loss only, in chunks of the microbatch size. Touches no parameter,
-  // gradient or optimiser state.
+  // gradient or optimiser state. Refuses what step() refuses: a batch check_batch refuses, a
+  // codebook without a valid target (invalid_input), a loss that is not finite (non_finite).
   eval_stats evaluate(const batch_view& batch);
 
   // Stages the next batch while the current step runs, where the backend can (CUDA: laid out into
@@ -203,6 +210,7 @@ class trainer {
   void launch(int slot, index_t nb, index_t steps, bool update);
   step_stats loss_stats(const step_token_counts& tc, const batch_view& batch) const;
   std::string first_non_finite_gradient() const;
+  non_finite refused_update(index_t key, double lr) const;
   void note_memory(index_t arena_used);
 
   hyper hyper_;
@@ -255,6 +263,12 @@ step_stats trainer<Config, Backend>::step(const batch_view& batch) {
   [[maybe_unused]] const auto guard = exec_.enter();
   step_stats st = training_pass(batch, true);
   const step_decision& d = control_.host_results().decision;
+  if ((d.status & step_update_not_finite) != 0) {
+    // finite gradients whose update would overflow: the check skipped the update and the step
+    // cleared the gradients; a smaller loss scale would not help (the update sees unscaled
+    // gradients), so the scaler keeps its state too
+    throw refused_update(d.refused, st.lr);
+  }
   if (d.status != 0) {
     if constexpr (policy::loss_scaled) {
       if ((d.status & step_loss_not_finite) == 0) {
@@ -326,6 +340,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
     const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0);
     for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += valid_targets(batch, plan, b0, nb, k);
   }
+  detail::require_eval_targets(counts);
   const int slot = stage_parts(batch, chunk, false);
   index_t used = 0;
   exec_.run(slot, chunk, steps, false, [&] {
@@ -346,7 +361,10 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
   });
   note_memory(used);
   std::vector<double> sums(K);
-  for (int k = 0; k < K; ++k) sums[static_cast<std::size_t>(k)] = control_.host_results().loss[k];
+  for (int k = 0; k < K; ++k) {
+    sums[static_cast<std::size_t>(k)] = control_.host_results().loss[k];
+    if (!std::isfinite(sums[static_cast<std::size_t>(k)])) throw detail::non_finite_evaluation(step_, k);
+  }
   eval_stats st;
   detail::fill_stats<K>(st, sums, counts, batch);
   return st;

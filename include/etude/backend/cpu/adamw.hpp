@@ -1,16 +1,51 @@
-// The CPU's AdamW update (spec: ops/adamw.hpp), one OpenMP SIMD pass over the parameters.
+// The CPU's AdamW update and its check (spec: ops/adamw.hpp), each one OpenMP SIMD pass over the
+// parameters through the same element function, so the check sees exactly the values the update
+// would store.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/step_control.hpp"
 
 namespace etude::backend {
 
 struct cpu_adamw {
+  // optim::adamw::scalars and the gradient factor rounded to the compute type once.
+  template <class F>
+  struct coefficients {
+    F step_size, bc2_sqrt, decay, w1, b2, w2, eps, grad_scale;
+    coefficients(const optim::adamw::scalars& sc, double gs)
+        : step_size(static_cast<F>(sc.step_size)), bc2_sqrt(static_cast<F>(sc.bc2_sqrt)),
+          decay(static_cast<F>(sc.decay)), w1(static_cast<F>(sc.w1)), b2(static_cast<F>(sc.b2)),
+          w2(static_cast<F>(sc.w2)), eps(static_cast<F>(sc.eps)), grad_scale(static_cast<F>(gs)) {}
+  };
+
+  // What element i's update stores: the moments in their dtype and the weight in the compute type
+  // (rounded to each weight copy's dtype by the caller).
+  template <class S, class F>
+  struct element {
+    S m, v;
+    F p;
+  };
+  template <class M, class G, class S, class F>
+  static element<S, F> step_element(M p0, G g0, S m0, S v0, const coefficients<F>& c) {
+    const F g = cpu_detail::cv<F>(g0) * c.grad_scale;
+    F pi = cpu_detail::cv<F>(p0) * c.decay;
+    const F mi = cpu_detail::cv<F>(m0) + c.w1 * (g - cpu_detail::cv<F>(m0));
+    const F vi = cpu_detail::cv<F>(v0) * c.b2 + c.w2 * g * g;
+    // the moments are rounded to their storage type before they move the weight, so a
+    // resumed run (which reads them back) takes exactly the same step
+    const S ms = cpu_detail::cv<S>(mi), vs = cpu_detail::cv<S>(vi);
+    pi -= c.step_size * cpu_detail::cv<F>(ms) / (std::sqrt(cpu_detail::cv<F>(vs)) / c.bc2_sqrt + c.eps);
+    return {ms, vs, pi};
+  }
+
   // AdamW (PyTorch's formulation) on g = grad·grad_scale at update number t (from 1):
   // p ← p(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2 v + (1−β2) g²;
   // p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps). The scalars (optim::adamw::scalars)
@@ -22,25 +57,61 @@ struct cpu_adamw {
                            const double* grad_scale, const int* skip, P* working = nullptr) {
     if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
-    const auto step_size = static_cast<F>(sc->step_size), bc2_sqrt = static_cast<F>(sc->bc2_sqrt),
-               decay = static_cast<F>(sc->decay), w1 = static_cast<F>(sc->w1), b2 = static_cast<F>(sc->b2),
-               w2 = static_cast<F>(sc->w2), e = static_cast<F>(sc->eps), gs = static_cast<F>(*grad_scale);
+    const coefficients<F> c(*sc, *grad_scale);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const F g = cpu_detail::cv<F>(grad[i]) * gs;
-      F pi = cpu_detail::cv<F>(p[i]) * decay;
-      const F mi = cpu_detail::cv<F>(m[i]) + w1 * (g - cpu_detail::cv<F>(m[i]));
-      const F vi = cpu_detail::cv<F>(v[i]) * b2 + w2 * g * g;
-      // the moments are rounded to their storage type before they move the weight, so a
-      // resumed run (which reads them back) takes exactly the same step
-      const F ms = cpu_detail::cv<F>(cpu_detail::cv<S>(mi)), vs = cpu_detail::cv<F>(cpu_detail::cv<S>(vi));
-      m[i] = cpu_detail::cv<S>(mi);
-      v[i] = cpu_detail::cv<S>(vi);
-      pi -= step_size * ms / (std::sqrt(vs) / bc2_sqrt + e);
-      p[i] = cpu_detail::cv<M>(pi);
-      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(pi);
+      const element<S, F> e = step_element(p[i], grad[i], m[i], v[i], c);
+      m[i] = e.m;
+      v[i] = e.v;
+      p[i] = cpu_detail::cv<M>(e.p);
+      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(e.p);
       else if (working != nullptr) working[i] = p[i];
     }
+  }
+
+  // The check of the update above (ops/adamw.hpp): the same elements, nothing written, the first
+  // non-finite stored value refusing the update. A first pass screens without the square root and
+  // the division (the cost of the update): the moments exactly (each times 0 is 0 when finite, NaN
+  // when not, so a sum in any order says it), the weight by |p·decay| + |step_size·m|/eps, a bound
+  // of |p'| (the denominator is at least eps) that must stay below half the dtype's largest value
+  // (float rounding moves it by a few ulp).
+  // Only when something fails the screen does the exact pass run, which decides.
+  template <class M, class G, class S, class P = M>
+  static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
+                          const optim::adamw::scalars* sc, step_decision* d, const P* working = nullptr) {
+    if (d->skip != 0) return;
+    using F = cpu_detail::compute_of<M>;
+    const coefficients<F> c(*sc, d->grad_scale);
+    // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
+    const bool check_working = working != nullptr && !std::is_same_v<P, M>;
+    const F limit = static_cast<F>(0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
+                                                        : dtype_traits<M>::max_finite));
+    const F inv_eps = F(1) / c.eps;
+    F zero = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : zero)
+    for (index_t i = 0; i < n; ++i) {
+      const F g = cpu_detail::cv<F>(grad[i]) * c.grad_scale;
+      const F m0 = cpu_detail::cv<F>(m[i]);
+      const F ms = cpu_detail::cv<F>(cpu_detail::cv<S>(m0 + c.w1 * (g - m0)));
+      const F vs = cpu_detail::cv<F>(cpu_detail::cv<S>(cpu_detail::cv<F>(v[i]) * c.b2 + c.w2 * g * g));
+      const F bound = std::fabs(cpu_detail::cv<F>(p[i]) * c.decay) + std::fabs(c.step_size * ms) * inv_eps;
+      // a negative second moment (restored corrupt state) would make the square root NaN
+      zero += ms * F(0) + vs * F(0) + (bound < limit && vs >= F(0) ? F(0) : F(1));
+    }
+    if (zero == F(0)) return;
+    constexpr index_t none = std::numeric_limits<index_t>::max();
+    index_t first = none;
+#pragma omp parallel for schedule(static) reduction(min : first)
+    for (index_t i = 0; i < n; ++i) {
+      const element<S, F> e = step_element(p[i], grad[i], m[i], v[i], c);
+      const int what = !cpu_detail::finite(e.m)                                           ? update_value_state0
+                       : !cpu_detail::finite(e.v)                                         ? update_value_state1
+                       : !cpu_detail::finite(cpu_detail::cv<M>(e.p))                      ? update_value_weight
+                       : check_working && !cpu_detail::finite(cpu_detail::cv<P>(e.p)) ? update_value_working
+                                                                                          : -1;
+      if (what >= 0) first = std::min(first, update_value_key(i, what));
+    }
+    if (first != none) refuse_update(*d, first);
   }
 };
 

@@ -1,16 +1,43 @@
-// The CPU's SGD update with momentum (spec: ops/sgd.hpp), one OpenMP SIMD pass over the parameters.
+// The CPU's SGD update with momentum and its check (spec: ops/sgd.hpp), each one OpenMP SIMD pass
+// over the parameters through the same element function, as for AdamW (cpu/adamw.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/step_control.hpp"
 
 namespace etude::backend {
 
 struct cpu_sgd {
+  template <class F>
+  struct coefficients {
+    F lr, mu, wd, grad_scale;
+    bool nesterov, first_step;
+    coefficients(const optim::sgd_scalars& sc, double gs)
+        : lr(static_cast<F>(sc.lr)), mu(static_cast<F>(sc.momentum)), wd(static_cast<F>(sc.weight_decay)),
+          grad_scale(static_cast<F>(gs)), nesterov(sc.nesterov != 0), first_step(sc.first != 0) {}
+  };
+  // What element i's update stores: the buffer in its dtype, the weight in the compute type.
+  template <class S, class F>
+  struct element {
+    S buf;
+    F p;
+  };
+  template <class M, class G, class S, class F>
+  static element<S, F> step_element(M p0, G g0, S buf0, const coefficients<F>& c) {
+    const F pi = cpu_detail::cv<F>(p0);
+    const F g = cpu_detail::cv<F>(g0) * c.grad_scale + c.wd * pi;
+    const S bs = cpu_detail::cv<S>(c.first_step ? g : c.mu * cpu_detail::cv<F>(buf0) + g);
+    const F b = cpu_detail::cv<F>(bs);
+    return {bs, pi - c.lr * (c.nesterov ? g + c.mu * b : b)};
+  }
+
   // SGD with momentum (PyTorch's): g ← g·grad_scale + wd·p; buf ← μ buf + g (buf ← g on the
   // first update); p ← p − lr·(nesterov ? g + μ buf : buf). Scalars and flags as adamw_update.
   template <class M, class G, class S, class P = M>
@@ -18,20 +45,48 @@ struct cpu_sgd {
                          const double* grad_scale, const int* skip, P* working = nullptr) {
     if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
-    const auto l = static_cast<F>(sc->lr), mu = static_cast<F>(sc->momentum), wd = static_cast<F>(sc->weight_decay),
-               gs = static_cast<F>(*grad_scale);
-    const bool nesterov = sc->nesterov != 0, first_step = sc->first != 0;
+    const coefficients<F> c(*sc, *grad_scale);
 #pragma omp parallel for simd schedule(static)
     for (index_t i = 0; i < n; ++i) {
-      const F pi = cpu_detail::cv<F>(p[i]);
-      const F g = cpu_detail::cv<F>(grad[i]) * gs + wd * pi;
-      const F b = cpu_detail::cv<F>(cpu_detail::cv<S>(first_step ? g : mu * cpu_detail::cv<F>(buf[i]) + g));
-      buf[i] = cpu_detail::cv<S>(b);
-      const F next = pi - l * (nesterov ? g + mu * b : b);
-      p[i] = cpu_detail::cv<M>(next);
-      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(next);
+      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
+      buf[i] = e.buf;
+      p[i] = cpu_detail::cv<M>(e.p);
+      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(e.p);
       else if (working != nullptr) working[i] = p[i];
     }
+  }
+
+  // The check of the update above (ops/sgd.hpp): nothing written, the first non-finite stored
+  // value refusing the update.
+  template <class M, class G, class S, class P = M>
+  static void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::sgd_scalars* sc,
+                        step_decision* d, const P* working = nullptr) {
+    if (d->skip != 0) return;
+    using F = cpu_detail::compute_of<M>;
+    const coefficients<F> c(*sc, d->grad_scale);
+    const bool check_working = working != nullptr && !std::is_same_v<P, M>;
+    // first whether there is one: each stored value times 0 is 0 when finite and NaN when not, so
+    // a sum in any order says it, in one vectorised reduction; then, only if so, which is first
+    F zero = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : zero)
+    for (index_t i = 0; i < n; ++i) {
+      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
+      zero += cpu_detail::cv<F>(e.buf) * F(0) + cpu_detail::cv<F>(cpu_detail::cv<M>(e.p)) * F(0) +
+              (check_working ? cpu_detail::cv<F>(cpu_detail::cv<P>(e.p)) * F(0) : F(0));
+    }
+    if (zero == F(0)) return;
+    constexpr index_t none = std::numeric_limits<index_t>::max();
+    index_t first = none;
+#pragma omp parallel for schedule(static) reduction(min : first)
+    for (index_t i = 0; i < n; ++i) {
+      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
+      const int what = !cpu_detail::finite(e.buf)                                         ? update_value_state0
+                       : !cpu_detail::finite(cpu_detail::cv<M>(e.p))                      ? update_value_weight
+                       : check_working && !cpu_detail::finite(cpu_detail::cv<P>(e.p)) ? update_value_working
+                                                                                          : -1;
+      if (what >= 0) first = std::min(first, update_value_key(i, what));
+    }
+    if (first != none) refuse_update(*d, first);
   }
 };
 

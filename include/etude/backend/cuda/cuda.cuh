@@ -190,16 +190,26 @@ struct cuda {
     return ::etude::cuda::all_finite(x, n);
   }
 
-  // ---- optimisers (the step's forms: scalars, gradient factor and skip flag in device memory) ----------------
+  // ---- optimisers (the step's forms: scalars, gradient factor, skip flag and decision in device memory) -------
   template <class M, class G, class S, class P = M>
   static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
                            const double* grad_scale, const int* skip, P* working) {
     ::etude::cuda::adamw_update(p, grad, m, v, n, scalars, grad_scale, skip, working);
   }
   template <class M, class G, class S, class P = M>
+  static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
+                          const optim::adamw::scalars* scalars, step_decision* d, const P* working) {
+    ::etude::cuda::adamw_check(p, grad, m, v, n, scalars, d, working);
+  }
+  template <class M, class G, class S, class P = M>
   static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
                          const double* grad_scale, const int* skip, P* working) {
     ::etude::cuda::sgd_update(p, grad, buf, n, scalars, grad_scale, skip, working);
+  }
+  template <class M, class G, class S, class P = M>
+  static void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::sgd_scalars* scalars,
+                        step_decision* d, const P* working) {
+    ::etude::cuda::sgd_check(p, grad, buf, n, scalars, d, working);
   }
 
   // ---- step control (ops/step_control.hpp) ----------------------------------------------------------------

@@ -1,11 +1,14 @@
 // The CUDA body of the step-control op (ops/step_control.hpp): the decision between the gradient
 // norm and the optimiser, in a one-thread kernel with the same double arithmetic as the CPU's
-// (decide_step), and the gradient clear that leaves gradients kept for an error report. Both read
+// (decide_step), the gradient clear that leaves gradients kept for an error report, and the last
+// pass the optimisers' checks share (refuse_first_kernel). All read
 // their inputs from device memory when they run, so a captured step takes them again at every
 // replay.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "etude/backend/cuda/check.cuh"
 #include "etude/backend/cuda/context.cuh"
@@ -31,6 +34,28 @@ __global__ void clear_unless_kernel(unsigned char* p, index_t words, index_t byt
   grid_stride<Unroll>(words, [&](index_t i) { w[i] = make_uint4(0u, 0u, 0u, 0u); });
   if (blockIdx.x == 0)
     for (index_t i = words * 16 + threadIdx.x; i < bytes; i += blockDim.x) p[i] = 0;
+}
+
+// An optimiser check's per-block result when no value would be non-finite.
+inline constexpr index_t no_refusal = INT64_MAX;
+
+// The optimiser checks' last pass (adamw_check, sgd_check): the smallest of the per-block keys,
+// and the refusal when there is one. min is exact, so the key is the same on every device.
+template <int Threads>
+__global__ void __launch_bounds__(Threads) refuse_first_kernel(const index_t* partial, int count, step_decision* d) {
+  if (d->skip != 0) return;  // every thread reads it before thread 0 may write it (block_reduce syncs)
+  __shared__ index_t shared[32];
+  index_t first = no_refusal;
+  for (int i = threadIdx.x; i < count; i += Threads) first = partial[i] < first ? partial[i] : first;
+  first = block_reduce<Threads>(first, min_op{}, shared);
+  if (threadIdx.x == 0 && first != no_refusal) refuse_update(*d, first);
+}
+
+// Blocks of a check's first pass: one per Tune::chunk elements, at most Tune::max_blocks.
+template <class Tune>
+inline int update_check_blocks(index_t n) {
+  const index_t chunks = (n + Tune::chunk - 1) / Tune::chunk;
+  return static_cast<int>(chunks < Tune::max_blocks ? chunks : Tune::max_blocks);
 }
 
 }  // namespace detail

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -141,6 +142,38 @@ inline non_finite non_finite_step(long step, bool loss, const std::string& where
                     (where.empty() ? std::string{} : " (first in " + where + ")") +
                     "; no parameter or optimiser state was changed. Lower the learning rate, check the data, or "
                     "use a loss-scaled precision policy");
+}
+
+// The error of a step whose update, from finite gradients, would have stored a non-finite value:
+// `value` (an optimiser state name, the weight, the working copy) of `tensor` (name and element).
+inline non_finite non_finite_update(long step, const std::string& optimizer, const std::string& value,
+                                    const std::string& tensor, double lr) {
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%g", lr);
+  return non_finite("step " + std::to_string(step) + ": the " + optimizer + " update at learning rate " + rate +
+                    " would make " + value + " of " + tensor +
+                    " non-finite, from finite gradients; the update was refused and nothing was changed (parameters, "
+                    "optimiser state, step count and loss scale are as before this step). Lower the learning rate "
+                    "(or lengthen warmup_steps), enable clipping (clip_norm), or check the parameters for huge "
+                    "values");
+}
+
+// The valid-target counts of an evaluation batch (per codebook, over the whole batch): a codebook
+// without one has no loss, which a training step refuses too (count_step_tokens).
+inline void require_eval_targets(const std::vector<index_t>& counts) {
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    if (counts[k] == 0)
+      throw invalid_input("evaluation batch: codebook " + std::to_string(k) +
+                          " has no valid target token (every position is padding or outside the pattern): its loss "
+                          "is undefined; longer segments or fewer padded frames are needed");
+}
+
+// The error of an evaluation whose loss is not finite (a training step on it would throw too).
+inline non_finite non_finite_evaluation(long step, int codebook) {
+  return non_finite("evaluation after step " + std::to_string(step) + ": the loss of codebook " +
+                    std::to_string(codebook) +
+                    " is not finite; no state was changed. The parameters hold non-finite or huge values (restore "
+                    "an earlier checkpoint), or the batch is corrupt");
 }
 
 }  // namespace etude::detail

@@ -135,6 +135,9 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     if constexpr (policy::has_master) working = working_.device();
     state_type* state[optimizer_state_count];
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
+    // an update from finite gradients that would overflow is refused here, before it writes
+    optimizer::template check<Backend>(static_cast<const value_type*>(master_.device()), static_cast<const grad_type*>(grads),
+                                       state, P, &c->optimizer, &r->decision, static_cast<const param_type*>(working));
     optimizer::template update<Backend>(master_.device(), grads, state, P, &c->optimizer, &r->decision.grad_scale,
                                         &r->decision.skip, working);
     Backend::clear_unless(grads, P, &r->decision.keep);
@@ -170,6 +173,26 @@ step_stats trainer<Config, Backend>::loss_stats(const step_token_counts& tc, con
   detail::fill_stats<K>(st, sums, tc.totals, batch);
   if constexpr (Config::norm != loss_norm::tokens) detail::apply_mean_of_means<K>(st, means);
   return st;
+}
+
+// The refused value of a step (step_decision::refused) as the error says it: which stored value of
+// which tensor, at which element.
+template <class Config, class Backend>
+non_finite trainer<Config, Backend>::refused_update(index_t key, double lr) const {
+  const index_t i = key / 4;
+  const int what = static_cast<int>(key % 4);
+  std::string value;
+  if (what < optimizer_state_count) value = optimizer::state_names[what];
+  else if (what == update_value_weight)
+    value = policy::has_master ? "the " + std::string(dtype_traits<value_type>::name) + " master weight" : "the weight";
+  else value = "the " + std::string(dtype_traits<param_type>::name) + " working copy";
+  std::string tensor = "element " + std::to_string(i) + " of the parameters";
+  for (const param_desc& p : params::entries)
+    if (i >= p.offset && i < p.offset + p.numel()) {
+      tensor = param_name(p) + " (element " + std::to_string(i - p.offset) + " of " + std::to_string(p.numel()) + ")";
+      break;
+    }
+  return detail::non_finite_update(step_, optimizer::name, value, tensor, lr);
 }
 
 template <class Config, class Backend>

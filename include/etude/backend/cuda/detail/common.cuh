@@ -118,6 +118,10 @@ struct max_op {
   template <class T>
   __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
 };
+struct min_op {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
 
 // Butterfly over the warp: every lane ends with the same value, combined in the same order on
 // every run.
