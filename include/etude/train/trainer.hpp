@@ -307,7 +307,8 @@ step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch)
 // statistics of the pass before the host's decision on the result.
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool update) {
-  int slot = exec_.pending_slot(batch);  // a prefetch checked it
+  check_batch_buffers(batch, "training batch");  // pending_slot compares the tokens: sizes first
+  int slot = exec_.pending_slot(batch);  // a prefetch checked the rest
   if (slot < 0) slot = stage_training_batch(batch, false);
   const pattern_plan& plan = plan_for(batch.frames);
   const step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm);
@@ -374,8 +375,9 @@ template <class Config, class Backend>
 void trainer<Config, Backend>::prefetch(const batch_view& next) {
   if (!exec_.prefetches()) return;
   [[maybe_unused]] const auto guard = exec_.enter();
-  if (exec_.pending_slot(next) >= 0) return;
   try {
+    check_batch_buffers(next, "prefetched batch");
+    if (exec_.pending_slot(next) >= 0) return;
     check_batch<model>(next, true, microbatches);
   } catch (const invalid_input&) {
     return;
