@@ -226,7 +226,7 @@ void write_json(const fs::path& file, const json& j) {
 template <class Trainer>
 int run(const options& o, Trainer& trainer, const std::string& command) {
   // the directory first: nothing is read, removed or written before the lock is held
-  etude::track::run_directory dir(o.run_dir, {.fresh = o.fresh, .command = command});
+  etude::track::run_directory dir(o.run_dir, {.fresh = o.fresh, .command = command, .notice = {}});
 
   // --- data: the chorales through the loader, or the synthetic corpus ---------------------------
   std::optional<etude::data::dataset> dataset;

@@ -135,7 +135,7 @@ TEST_CASE("rewind cuts metrics and TensorBoard events back to the resumed step",
   run_directory r(run, quiet());
   {
     etude::track::metrics_log log(r.metrics());
-    for (int s = 1; s <= 10; ++s) log.write({.step = s, .scalars = {{"ce", 1.0 / s}}});
+    for (int s = 1; s <= 10; ++s) log.write({.step = s, .scalars = {{"ce", 1.0 / s}}, .arrays = {}, .labels = {}});
   }
   {
     std::ofstream(r.metrics(), std::ios::app) << "{\"step\":11,\"ce\":0.0";  // torn by a kill

@@ -457,7 +457,7 @@ TEST_CASE("when every checkpoint is unusable the run refuses to start over unles
   CHECK(fs::exists(first));
   CHECK(fs::exists(second));
   // told to: both are set aside, and the run starts from step 0
-  CHECK(!m.resume(fresh, {.discard_unusable = true}));
+  CHECK(!m.resume(fresh, {.discard_unusable = true, .check = {}}));
   CHECK(trainer_bits(fresh) == before);
   CHECK(fs::exists(dir.path() / "rejected" / first.filename()));
   CHECK(fs::exists(dir.path() / "rejected" / second.filename()));
@@ -475,11 +475,11 @@ TEST_CASE("resuming on other data is refused like another configuration, with th
   trainer_t other{hyper()};
   const trainer_bits before(other);
   const etude::io::json synthetic = {{"name", "synthetic"}, {"entropy_rate", 0.7}};
-  CHECK_THROWS_WITH(m.resume(other, {.data = synthetic}),
+  CHECK_THROWS_WITH(m.resume(other, {.data = synthetic, .discard_unusable = false, .check = {}}),
                     Catch::Contains("trained on other data") && Catch::Contains("name: \"synthetic\" here, \"bach-chorales\" in the checkpoint"));
   CHECK(trainer_bits(other) == before);
   CHECK(fs::exists(dir.path() / "ckpt-000000001.safetensors"));  // a mismatch is not corruption: nothing moved
-  REQUIRE(m.resume(other, {.data = rs.data}));
+  REQUIRE(m.resume(other, {.data = rs.data, .discard_unusable = false, .check = {}}));
   CHECK(other.steps_done() == 1);
 }
 
