@@ -58,27 +58,13 @@ struct trainer_bits {
 // A checkpoint of the fuzz model holding `state`, with the digest write_snapshot stores.
 std::string wrap_state(const std::string& state) {
   static const io::checkpoint_snapshot snap = io::take_snapshot(the_trainer(), {});
-  io::safetensors_writer w;
-  for (std::size_t i = 0; i < snap.names.size(); ++i) {
-    w.add("model." + snap.names[i], snap.params[i], {snap.rows[i] * snap.cols[i]});
-    for (std::size_t k = 0; k < snap.slots.size(); ++k)
-      w.add("optim." + snap.slot_names[k] + "." + snap.names[i], snap.slots[k][i], {snap.rows[i] * snap.cols[i]});
-  }
+  io::safetensors_writer w = io::detail::snapshot_tensors(snap);
   w.metadata("etude.state", state);  // refuses text that is not UTF-8 (an etude::invalid_argument)
   const std::string header = w.digested_header(io::detail::checksum_key);
   std::string file(8, '\0');
   const std::uint64_t n = header.size();
   std::memcpy(file.data(), &n, 8);
-  file += header;
-  // every tensor is F32, so the layout is by name: find each one's bytes
-  for (const auto& name : w.layout_order())
-    for (std::size_t i = 0; i < snap.names.size(); ++i) {
-      auto put = [&](const std::vector<float>& v) { file.append(reinterpret_cast<const char*>(v.data()), v.size() * 4); };
-      if (name == "model." + snap.names[i]) put(snap.params[i]);
-      for (std::size_t k = 0; k < snap.slots.size(); ++k)
-        if (name == "optim." + snap.slot_names[k] + "." + snap.names[i]) put(snap.slots[k][i]);
-    }
-  return file;
+  return file + header + w.data_region();
 }
 
 // Restores an accepted file: all or nothing.

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -352,24 +351,12 @@ TEST_CASE("a format-1 checkpoint (state and data checksum) is still read; a form
   auto snap = etude::io::take_snapshot(t, {});
   auto write_v1 = [&](int version, const fs::path& file) {
     snap.state["format_version"] = version;
-    etude::io::safetensors_writer w;
-    std::vector<std::pair<std::string, std::vector<float>*>> tensors;
-    for (std::size_t i = 0; i < snap.names.size(); ++i) {
-      w.add("model." + snap.names[i], snap.params[i], {snap.rows[i] * snap.cols[i]});
-      for (std::size_t k = 0; k < snap.slots.size(); ++k)
-        w.add("optim." + snap.slot_names[k] + "." + snap.names[i], snap.slots[k][i], {snap.rows[i] * snap.cols[i]});
-    }
-    std::map<std::string, std::span<const std::byte>> by_name;
-    for (std::size_t i = 0; i < snap.names.size(); ++i) {
-      by_name["model." + snap.names[i]] = std::as_bytes(std::span<const float>(snap.params[i]));
-      for (std::size_t k = 0; k < snap.slots.size(); ++k)
-        by_name["optim." + snap.slot_names[k] + "." + snap.names[i]] = std::as_bytes(std::span<const float>(snap.slots[k][i]));
-    }
-    std::vector<std::span<const std::byte>> bytes;
-    for (const auto& name : w.layout_order()) bytes.push_back(by_name.at(name));
+    etude::io::safetensors_writer w = etude::io::detail::snapshot_tensors(snap);
     const std::string state = snap.state.dump();
+    const std::string data = w.data_region();  // format 1 hashed the state, then the tensors in layout order
     w.metadata("etude.state", state);
-    w.metadata("etude.checksum", etude::io::detail::legacy_checksum(state, bytes));
+    w.metadata("etude.checksum",
+               etude::io::detail::legacy_checksum(state, {std::as_bytes(std::span<const char>(data.data(), data.size()))}));
     w.write(file);
   };
   write_v1(1, dir.path() / "v1.safetensors");

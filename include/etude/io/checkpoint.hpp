@@ -217,18 +217,24 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   return s;
 }
 
-// Writes a snapshot to `file` atomically, with the file's self-digest as etude.checksum.
-inline void write_snapshot(const checkpoint_snapshot& s, const std::filesystem::path& file) {
+namespace detail {
+// A writer holding a snapshot's tensors under their checkpoint names (model.<name>,
+// optim.<slot>.<name>); it refers to the snapshot's buffers, which must outlive it.
+inline safetensors_writer snapshot_tensors(const checkpoint_snapshot& s) {
   safetensors_writer w;
-  const int slots = static_cast<int>(s.slots.size());
   for (std::size_t i = 0; i < s.names.size(); ++i) {
     std::vector<std::uint64_t> shape = s.rows[i] == 1 ? std::vector<std::uint64_t>{s.cols[i]}
                                                      : std::vector<std::uint64_t>{s.rows[i], s.cols[i]};
     w.add("model." + s.names[i], s.params[i], shape);
-    for (int k = 0; k < slots; ++k)
-      w.add("optim." + s.slot_names[static_cast<std::size_t>(k)] + "." + s.names[i],
-            s.slots[static_cast<std::size_t>(k)][i], shape);
+    for (std::size_t k = 0; k < s.slots.size(); ++k) w.add("optim." + s.slot_names[k] + "." + s.names[i], s.slots[k][i], shape);
   }
+  return w;
+}
+}  // namespace detail
+
+// Writes a snapshot to `file` atomically, with the file's self-digest as etude.checksum.
+inline void write_snapshot(const checkpoint_snapshot& s, const std::filesystem::path& file) {
+  safetensors_writer w = detail::snapshot_tensors(s);
   w.metadata("etude.state", s.state.dump());
   w.write_digested(file, detail::checksum_key);
 }

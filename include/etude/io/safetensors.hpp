@@ -549,6 +549,13 @@ class safetensors_writer {
 
   void write(const std::filesystem::path& path) const { write_file(path, header()); }
 
+  // The data region write() stores after the header: every tensor's bytes in layout_order().
+  std::string data_region() const {
+    std::string out;
+    for (const auto* e : sorted()) out.append(reinterpret_cast<const char*>(e->bytes.data()), e->bytes.size());
+    return out;
+  }
+
   // write(), with metadata `key` set to the digest of the whole file (see the top of this header).
   void write_digested(const std::filesystem::path& path, const std::string& key) {
     write_file(path, digested_header(key));

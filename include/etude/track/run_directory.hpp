@@ -31,6 +31,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -142,9 +143,7 @@ class run_directory {
     // a run written before the lock existed: its record says etude wrote it
     if (!fs::is_regular_file(record(), ec)) return false;
     try {
-      const auto text = etude::detail::mapped_file(record());
-      const auto j = nlohmann::json::parse(reinterpret_cast<const char*>(text.data()),
-                                           reinterpret_cast<const char*>(text.data()) + text.size(), nullptr, false);
+      const auto j = nlohmann::json::parse(etude::detail::read_regular_file(record(), "run record", 1 << 24), nullptr, false);
       return j.is_object() && j.contains("etude_version");
     } catch (const error&) {
       return false;
@@ -184,17 +183,10 @@ class run_directory {
   static std::string holder(int fd) {
     char buf[4096] = {};
     const ::ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-    std::string text = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-    while (!text.empty() && text.back() == '\n') text.pop_back();
-    if (text.empty()) return "it has not recorded its pid yet";
-    for (auto& c : text)
-      if (c == '\n') c = ',';
     std::string out;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-      out.push_back(text[i]);
-      if (text[i] == ',') out.push_back(' ');
-    }
-    return out;
+    for (const char c : std::string_view(buf, n > 0 ? static_cast<std::size_t>(n) : 0)) out += c == '\n' ? ", " : std::string(1, c);
+    while (out.ends_with(", ")) out.resize(out.size() - 2);
+    return out.empty() ? "it has not recorded its pid yet" : out;
   }
 
   void remove_file(const std::filesystem::path& p) {

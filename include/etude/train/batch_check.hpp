@@ -92,6 +92,14 @@ struct step_token_counts {
 
 // Counts for a batch of `microbatches` equal microbatches (check_batch first); throws
 // invalid_input when some codebook's loss would divide by zero.
+// The refusal of a batch in which codebook k has no valid target `scope`: its loss would be 0/0.
+// step() and evaluate() refuse the same batches with it.
+inline invalid_input no_valid_target(const std::string& what, int k, const std::string& scope = "") {
+  return invalid_input(what + ": codebook " + std::to_string(k) + " has no valid target token" + scope +
+                       " (every position is padding or outside the pattern): its loss is undefined; longer "
+                       "segments or fewer padded frames are needed");
+}
+
 inline step_token_counts count_step_tokens(const batch_view& batch, const pattern_plan& plan, int microbatches,
                                            loss_norm norm) {
   const int K = batch.codebooks;
@@ -112,11 +120,7 @@ inline step_token_counts count_step_tokens(const batch_view& batch, const patter
       for (int m = 0; m < microbatches; ++m) least = std::min(least, c.count(m, k));
       return least;
     }();
-    if (n == 0)
-      throw invalid_input("training batch: codebook " + std::to_string(k) + " has no valid target token" +
-                          (norm == loss_norm::tokens ? std::string{} : std::string{" in some microbatch"}) +
-                          " (every position is padding or outside the pattern): longer segments or fewer padded "
-                          "frames are needed");
+    if (n == 0) throw no_valid_target("training batch", k, norm == loss_norm::tokens ? "" : " in some microbatch");
   }
   return c;
 }

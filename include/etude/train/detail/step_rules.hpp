@@ -158,16 +158,6 @@ inline non_finite non_finite_update(long step, const std::string& optimizer, con
                     "values");
 }
 
-// The valid-target counts of an evaluation batch (per codebook, over the whole batch): a codebook
-// without one has no loss, which a training step refuses too (count_step_tokens).
-inline void require_eval_targets(const std::vector<index_t>& counts) {
-  for (std::size_t k = 0; k < counts.size(); ++k)
-    if (counts[k] == 0)
-      throw invalid_input("evaluation batch: codebook " + std::to_string(k) +
-                          " has no valid target token (every position is padding or outside the pattern): its loss "
-                          "is undefined; longer segments or fewer padded frames are needed");
-}
-
 // The error of an evaluation whose loss is not finite (a training step on it would throw too).
 inline non_finite non_finite_evaluation(long step, int codebook) {
   return non_finite("evaluation after step " + std::to_string(step) + ": the loss of codebook " +
