@@ -14,7 +14,15 @@ enum class layer_slot : unsigned char {
   qkv,       // (BS, 3D) packed q, k, v
   att,       // (BS, D)  attention output before the out projection
   att_lse,   // (BS, H)  log-sum-exp of each score row: backward recomputes probabilities
-  x_mid,     // (BS, D)  residual stream after attention
+  // cross-attention (fuse::cross; width 0 in other models)
+  x_sa,      // (BS, D)  residual stream after self-attention: norm_cross's input
+  lnc,       // (BS, D)  norm_cross output: the cross-attention query projection's input
+  lnc_mean,  // (BS)
+  lnc_rstd,  // (BS)
+  qc,        // (BS, D)  cross-attention queries
+  attc,      // (BS, D)  cross-attention output before its out projection
+  attc_lse,  // (BS, H)
+  x_mid,     // (BS, D)  residual stream after attention (self and cross): norm2's input
   ln2,       // (BS, D)
   ln2_mean,  // (BS)
   ln2_rstd,  // (BS)

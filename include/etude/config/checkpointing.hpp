@@ -45,7 +45,7 @@ struct selective : policy_tag {
   static constexpr const char* name = "selective";
   static constexpr bool recompute_layer(int) { return false; }
   static constexpr bool keeps(layer_slot s) {
-    return s != layer_slot::ln1 && s != layer_slot::ln2 && s != layer_slot::ffn_act;
+    return s != layer_slot::ln1 && s != layer_slot::lnc && s != layer_slot::ln2 && s != layer_slot::ffn_act;
   }
 };
 

@@ -23,6 +23,14 @@ struct hyper {
   double scale_growth = 2.0;       // factor after scale_interval steps without overflow
   double scale_backoff = 0.5;      // factor after a step whose gradients overflowed
   long scale_interval = 2000;      // good steps between growths
+  // condition dropout for classifier-free guidance (conditioned models): a dropped example is
+  // trained on the null condition. per_sample (etude's default) draws one coin per example;
+  // per_batch is AudioCraft's, one coin for the whole batch. attribute_dropout drops each
+  // attribute of each example on its own coin besides (AudioCraft's AttributeDropout, one p for all).
+  enum class dropout_mode : unsigned char { per_sample, per_batch };
+  double condition_dropout = 0.0;  // AudioCraft's MusicGen trains with 0.3 (per_batch)
+  dropout_mode condition_dropout_mode = dropout_mode::per_sample;
+  double attribute_dropout = 0.0;
 };
 
 }  // namespace etude

@@ -1,5 +1,7 @@
-// What a training step consumes: codec tokens (B, K, T) and their padding mask, as a non-owning
-// view (the data loader's buffers, a user's arrays) or an owning batch.
+// What a training step consumes: codec tokens (B, K, T) and their padding mask, and for a
+// conditioned model (config/conditions.hpp) each example's conditions as the model takes them —
+// attribute value indices (−1: the null condition) and precomputed embeddings with their padding
+// mask — as a non-owning view (the data loader's buffers, a user's arrays) or an owning batch.
 // A view also carries how many elements its buffers hold, so that check_batch_buffers (and the
 // trainer's check_batch) refuses a view whose dimensions promise more than its buffers have
 // before anything reads them. Views of a token_batch fill these in; a view over a caller's own
@@ -7,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -26,6 +29,15 @@ struct batch_view {
   index_t frames = 0;                   // T
   std::size_t tokens_size = unknown_size;  // elements `tokens` points to
   std::size_t mask_size = unknown_size;    // elements `mask` points to (when it is not nullptr)
+  // conditions (conditioned models only; config/conditions.hpp gives the layout)
+  const std::int32_t* attributes = nullptr;        // (B, attributes) value index, −1 = null condition
+  const float* embeddings = nullptr;               // (B, embedding_values) every embedding in list order,
+                                                   // each (max_len, width); nullptr = every embedding null
+  const unsigned char* embedding_mask = nullptr;   // (B, embedding_positions) 1 = real position;
+                                                   // nullptr = every position real
+  std::size_t attributes_size = unknown_size;
+  std::size_t embeddings_size = unknown_size;
+  std::size_t embedding_mask_size = unknown_size;
 
   bool valid(index_t b, int k, index_t t) const {
     return mask == nullptr || mask[(b * codebooks + k) * frames + t] != 0;
@@ -36,6 +48,9 @@ struct batch_view {
 struct token_batch {
   std::vector<token_t> tokens;      // (B, K, T)
   std::vector<unsigned char> mask;  // (B, K, T), empty = all real
+  std::vector<std::int32_t> attributes;          // (B, attributes), conditioned models
+  std::vector<float> embeddings;                 // (B, embedding_values), empty = none
+  std::vector<unsigned char> embedding_mask;     // (B, embedding_positions), empty = all real
   index_t batch = 0;
   int codebooks = 0;
   index_t frames = 0;
@@ -54,7 +69,15 @@ struct token_batch {
   }
 
   batch_view view() const {
-    return {tokens.data(), mask.empty() ? nullptr : mask.data(), batch, codebooks, frames, tokens.size(), mask.size()};
+    batch_view v{tokens.data(), mask.empty() ? nullptr : mask.data(), batch, codebooks, frames, tokens.size(),
+                 mask.size()};
+    if (!attributes.empty()) v.attributes = attributes.data();
+    if (!embeddings.empty()) v.embeddings = embeddings.data();
+    if (!embedding_mask.empty()) v.embedding_mask = embedding_mask.data();
+    v.attributes_size = attributes.size();
+    v.embeddings_size = embeddings.size();
+    v.embedding_mask_size = embedding_mask.size();
+    return v;
   }
   operator batch_view() const { return view(); }  // NOLINT: a batch is usable wherever its view is
 };

@@ -16,17 +16,26 @@
 
 namespace etude {
 
-template <shape S>
+// Cross: the model has cross-attention (fuse::cross); without it its slots have width 0.
+template <shape S, bool Cross = false>
 struct activation_table {
   static constexpr std::size_t layer_slots = static_cast<std::size_t>(layer_slot::count_);
   static constexpr std::size_t final_slots = static_cast<std::size_t>(final_slot::count_);
 
+  static constexpr bool is_cross(layer_slot s) {
+    return s == layer_slot::x_sa || s == layer_slot::lnc || s == layer_slot::lnc_mean || s == layer_slot::lnc_rstd ||
+           s == layer_slot::qc || s == layer_slot::attc || s == layer_slot::attc_lse;
+  }
   static constexpr index_t width(layer_slot s) {
+    if (!Cross && is_cross(s)) return 0;
     switch (s) {
       case layer_slot::qkv: return 3 * S.dim;
-      case layer_slot::att_lse: return S.heads;
+      case layer_slot::att_lse:
+      case layer_slot::attc_lse: return S.heads;
       case layer_slot::ln1_mean:
       case layer_slot::ln1_rstd:
+      case layer_slot::lnc_mean:
+      case layer_slot::lnc_rstd:
       case layer_slot::ln2_mean:
       case layer_slot::ln2_rstd: return 1;
       case layer_slot::ffn_pre:
@@ -43,6 +52,7 @@ struct activation_table {
 // whatever the activation dtype; everything else is stored as the policy's activation_t.
 constexpr bool is_statistic(layer_slot s) {
   return s == layer_slot::ln1_mean || s == layer_slot::ln1_rstd || s == layer_slot::att_lse ||
+         s == layer_slot::lnc_mean || s == layer_slot::lnc_rstd || s == layer_slot::attc_lse ||
          s == layer_slot::ln2_mean || s == layer_slot::ln2_rstd;
 }
 constexpr bool is_statistic(final_slot s) { return s == final_slot::lnf_mean || s == final_slot::lnf_rstd; }
@@ -53,9 +63,9 @@ constexpr bool is_statistic(final_slot s) { return s == final_slot::lnf_mean || 
 //   work:  the slots of one layer that are not kept, reused layer after layer (forward writes
 //          them there and moves on; backward recomputes them there before it needs them).
 // Every slot starts on an arena boundary (64 bytes).
-template <shape S, class Act, class Stat, class Ckpt>
+template <shape S, class Act, class Stat, class Ckpt, bool Cross = false>
 struct activation_layout {
-  using table = activation_table<S>;
+  using table = activation_table<S, Cross>;
   static constexpr index_t round_up(index_t bytes) { return arena::round_up(bytes); }
 
   static constexpr bool kept(layer_slot s, int layer) {

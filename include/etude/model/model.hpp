@@ -1,10 +1,12 @@
-// etude::model<Shape, Pattern>: the compile-time description of a MusicGen-style LM — shape,
-// codebook pattern, parameter and activation tables — and the one place that validates them.
+// etude::model<Shape, Pattern, Conditions>: the compile-time description of a MusicGen-style LM —
+// shape, codebook pattern, what it is conditioned on (config/conditions.hpp; none by default),
+// parameter and activation tables — and the one place that validates them.
 // It holds no storage and does no arithmetic (see model/transformer.hpp and train/trainer.hpp).
 #pragma once
 
 #include <type_traits>
 
+#include "etude/config/conditions.hpp"
 #include "etude/config/pattern.hpp"
 #include "etude/config/shape.hpp"
 #include "etude/model/activations.hpp"
@@ -20,8 +22,11 @@ concept codebook_pattern = requires(int k, index_t t) {
   { P::layout(k, t) } -> std::same_as<pattern::layout_t>;
 };
 
-template <shape Shape, class Pattern = pattern::delay<0, 1, 2, 3>>
+template <shape Shape, class Pattern = pattern::delay<0, 1, 2, 3>, class Conditions = no_conditions>
 struct model {
+  static_assert(is_conditions<Conditions>,
+                "etude::model: the third argument must be etude::conditions<...> (conditions and a fuser) or "
+                "etude::no_conditions");
   static_assert(codebook_pattern<Pattern>,
                 "etude::model: the second argument must be a codebook pattern from etude::pattern "
                 "(delay<...>, parallel, flatten, grouped<...>, coarse_first<...>, musiclm<N>)");
@@ -42,8 +47,11 @@ struct model {
 
   static constexpr etude::shape shape = Shape;
   using pattern = Pattern;
-  using params = param_table<Shape>;
-  using activations = activation_table<Shape>;
+  using conditions = Conditions;
+  static constexpr fuse::method fusion = fusion_of<Conditions>();
+  static constexpr bool conditioned = Conditions::count > 0;
+  using params = param_table<Shape, Conditions>;
+  using activations = activation_table<Shape, fusion == fuse::method::cross>;
 
   // Frames that fit in shape.max_len pattern steps.
   static constexpr index_t max_frames() {
@@ -60,7 +68,10 @@ struct model {
   // attention FLOPs per position at sequence length s (QK^T and PV, causal half not discounted).
   static constexpr double matmul_params() {
     const double d = Shape.dim, f = Shape.ffn();
-    return Shape.layers * (4 * d * d + 2 * d * f) + static_cast<double>(Shape.codebooks) * Shape.card * d;
+    // cross-attention's query and out projections run per position; its keys and values per
+    // condition position, which is not counted here
+    const double cross = fusion == fuse::method::cross ? 2 * d * d : 0.0;
+    return Shape.layers * (4 * d * d + 2 * d * f + cross) + static_cast<double>(Shape.codebooks) * Shape.card * d;
   }
   // The training FLOPs of one step over `positions` token positions of length s:
   // 6 N per position for the matrices, 12 L s D per position for attention (PaLM's count).

@@ -1,6 +1,10 @@
 // The MusicGen LM's forward and backward passes, written once against a backend's op set:
 // summed codebook embeddings + sinusoidal positions, pre-LN layers (causal self-attention,
-// exact-GELU FFN, no biases), final LayerNorm, K heads with a fused softmax cross-entropy.
+// exact-GELU FFN, no biases), final LayerNorm, K heads with a fused softmax cross-entropy. A
+// conditioned model (config/conditions.hpp) first turns its conditions into the condition tensor
+// (tables and projections, null conditions zero) and then either cross-attends to it in every
+// layer (pre-LN on the query, keys and values from the raw tensor) or adds it to every input
+// position (fuse::sum).
 // Storage dtypes come from a precision policy (weights param_t, activations and their gradients
 // activation_t, parameter gradients grad_t, statistics and positions compute_t); which
 // activations are kept for backward and which are recomputed comes from a checkpoint policy.
@@ -8,7 +12,9 @@
 // below; owns nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "etude/config/checkpointing.hpp"
 #include "etude/core/arena.hpp"
@@ -47,12 +53,55 @@ struct transformer_scratch {
 };
 
 // Buffers the ops need besides activations and scratch: the backend's attention scratch (in the
-// compute type) and, for products with 16-bit operands on the CPU, the gemm workspace.
+// compute type; cross-attention uses it too) and, for products with 16-bit operands on the CPU,
+// the gemm workspace.
 template <class F>
 struct op_workspace {
   F* attention = nullptr;
   index_t attention_size = 0;
   float* gemm = nullptr;
+};
+
+// One microbatch's conditions for a conditioned model (all null pointers otherwise): its inputs
+// as staged, and the condition tensor with what its backward needs. The byte sizes live in
+// condition_sizes below.
+template <class A, class F>
+struct condition_io {
+  const std::int32_t* index = nullptr;  // (b, attributes) value index, −1: null condition
+  const F* embedding = nullptr;         // (b, embedding_values) every embedding, list order
+  const F* mask = nullptr;              // (b, LC) 1: a real condition position, 0: padding or null
+  A* cond = nullptr;                    // (b·LC, D) the condition tensor            [saved]
+  A* kv = nullptr;                      // (layers, b·LC, 2D) cross keys and values  [saved]
+  A* dcond = nullptr;                   // (b·LC, D)                                 [scratch]
+  A* dkv = nullptr;                     // (b·LC, 2D)                                [scratch]
+  A* rows = nullptr;                    // (b, widest attribute table)               [scratch]
+  A* csum = nullptr;                    // (b, D) fuse::sum: the summed conditions   [scratch]
+};
+
+// Bytes of a microbatch's condition inputs, saved tensors and scratch, for nb examples.
+template <shape S, class Conds, bool Cross, class A, class F>
+struct condition_sizes {
+  static constexpr index_t LC = Conds::positions;
+  static constexpr index_t widest_attribute() {
+    index_t w = 0;
+    for (const auto& c : Conds::list)
+      if (c.kind == cond::condition_kind::attribute) w = std::max<index_t>(w, c.width);
+    return w;
+  }
+  static constexpr index_t r(index_t bytes) { return arena::round_up(bytes); }
+  static constexpr index_t a = sizeof(A), f = sizeof(F);
+  static constexpr index_t index_bytes(index_t nb) { return r(nb * Conds::attributes * 4); }
+  static constexpr index_t embedding_bytes(index_t nb) { return r(nb * Conds::embedding_values * f); }
+  static constexpr index_t mask_bytes(index_t nb) { return r(nb * LC * f); }
+  static constexpr index_t inputs(index_t nb) { return index_bytes(nb) + embedding_bytes(nb) + mask_bytes(nb); }
+  static constexpr index_t cond_bytes(index_t nb) { return r(nb * LC * S.dim * a); }
+  static constexpr index_t kv_bytes(index_t nb) { return Cross ? r(nb * LC * 2 * S.dim * a) : 0; }
+  static constexpr index_t saved(index_t nb) { return LC == 0 ? 0 : cond_bytes(nb) + S.layers * kv_bytes(nb); }
+  static constexpr index_t rows_bytes(index_t nb) { return r(nb * widest_attribute() * a); }
+  static constexpr index_t csum_bytes(index_t nb) { return Cross ? 0 : r(nb * S.dim * a); }
+  static constexpr index_t scratch(index_t nb) {
+    return LC == 0 ? 0 : cond_bytes(nb) + kv_bytes(nb) + rows_bytes(nb) + csum_bytes(nb);
+  }
 };
 
 // Policy: a precision policy (config/precision.hpp); Ckpt: a checkpoint policy
@@ -65,10 +114,17 @@ struct transformer {
   using A = typename Policy::activation_t;
   using G = typename Policy::grad_t;
   using F = typename Policy::compute_t;
-  using layout = activation_layout<S, A, F, Ckpt>;
+  using conds = typename Model::conditions;
+  static constexpr bool cross = Model::fusion == fuse::method::cross;
+  static constexpr bool summed = Model::fusion == fuse::method::sum;
+  static constexpr bool conditioned = Model::conditioned;
+  using layout = activation_layout<S, A, F, Ckpt, cross>;
   using scratch_t = transformer_scratch<S, A>;
   using workspace = op_workspace<F>;
+  using condition_t = condition_io<A, F>;
+  using condition_layout = condition_sizes<S, conds, cross, A, F>;
   static constexpr index_t D = S.dim, FF = S.ffn(), C = S.card;
+  static constexpr index_t LC = conds::positions;
   static constexpr int K = S.codebooks;
 
   // Pointers to one layer's slots, for `rows` positions: kept slots in the saved region, the
@@ -76,6 +132,8 @@ struct transformer {
   struct layer_view {
     A *x_in, *ln1, *qkv, *att, *x_mid, *ln2, *ffn_pre, *ffn_act, *x_out;
     F *ln1_mean, *ln1_rstd, *att_lse, *ln2_mean, *ln2_rstd;
+    A *x_sa, *lnc, *qc, *attc;  // cross-attention (fuse::cross)
+    F *lnc_mean, *lnc_rstd, *attc_lse;
   };
   static layer_view layer_at(std::byte* saved, std::byte* work, int l, index_t rows) {
     auto at = [&]<class T>(T*, layer_slot s) {
@@ -97,7 +155,14 @@ struct transformer {
             at(f, layer_slot::ln1_rstd),
             at(f, layer_slot::att_lse),
             at(f, layer_slot::ln2_mean),
-            at(f, layer_slot::ln2_rstd)};
+            at(f, layer_slot::ln2_rstd),
+            at(a, layer_slot::x_sa),
+            at(a, layer_slot::lnc),
+            at(a, layer_slot::qc),
+            at(a, layer_slot::attc),
+            at(f, layer_slot::lnc_mean),
+            at(f, layer_slot::lnc_rstd),
+            at(f, layer_slot::attc_lse)};
   }
   template <class T>
   static T* final_at(std::byte* saved, final_slot s, index_t rows) {
@@ -118,15 +183,79 @@ struct transformer {
   // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (S, D). The scratch is
   // free during the forward (the heads write it after).
   static void forward(const W* p, std::byte* saved, std::byte* work, const token_t* seq, const F* pos, index_t batch,
-                      index_t steps, const scratch_t& scratch, const workspace& ws) {
+                      index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
     const index_t rows = batch * steps;
     const W* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
-    Backend::embedding_fwd(layer_at(saved, work, 0, rows).x_in, seq, tables, pos, batch, K, steps, D);
-    for (int l = 0; l < S.layers; ++l) layer_forward(p, l, layer_at(saved, work, l, rows), batch, steps, scratch.dh, ws, true);
+    if constexpr (conditioned) encode_conditions(p, cd, batch, ws);
+    A* x0 = layer_at(saved, work, 0, rows).x_in;
+    Backend::embedding_fwd(x0, seq, tables, pos, batch, K, steps, D);
+    if constexpr (summed) Backend::add_rows(x0, cd.csum, batch, steps, D);
+    for (int l = 0; l < S.layers; ++l)
+      layer_forward(p, l, layer_at(saved, work, l, rows), batch, steps, scratch.dh, ws, true, cd);
     Backend::layernorm_fwd(final_at<A>(saved, final_slot::lnf, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), final_at<A>(saved, final_slot::x_out, rows),
                            param(p, param_kind::out_norm_weight), param(p, param_kind::out_norm_bias), rows, D);
+  }
+
+  // The condition tensor of a microbatch: each attribute's table row (a zero row for the null
+  // condition) and each embedding's positions through the condition's projection and bias, at
+  // the condition's positions; padded and null positions zero (AudioCraft multiplies by the
+  // mask). Then, with cross-attention, every layer's keys and values; with fuse::sum, the sum of
+  // the conditions per example.
+  static void encode_conditions(const W* p, const condition_t& cd, index_t batch, const workspace& ws) {
+    constexpr index_t ldc = LC * D;
+    for (int j = 0; j < conds::count; ++j) {
+      const condition_desc& c = conds::list[static_cast<std::size_t>(j)];
+      const W* proj = param(p, param_kind::cond_proj, -1, j);
+      A* out = cd.cond + c.first_position * D;
+      if (c.kind == cond::condition_kind::attribute) {
+        Backend::condition_gather(cd.rows, param(p, param_kind::cond_table, -1, j), cd.index + c.slot, batch, c.width,
+                                  conds::attributes);
+        mm(ws, false, true, batch, D, c.width, 1.0, cd.rows, c.width, proj, c.width, 0.0, out, ldc);
+      } else {
+        for (index_t b = 0; b < batch; ++b)
+          mm(ws, false, true, c.positions, D, c.width, 1.0, cd.embedding + b * conds::embedding_values + c.input_offset,
+             c.width, proj, c.width, 0.0, out + b * ldc, D);
+      }
+      for (index_t b = 0; b < batch; ++b)
+        Backend::bias_rows(out + b * ldc, param(p, param_kind::cond_bias, -1, j), c.positions, D, D);
+    }
+    Backend::mask_rows(cd.cond, cd.mask, batch * LC, D, D);
+    if constexpr (cross)
+      for (int l = 0; l < S.layers; ++l)
+        mm(ws, false, true, batch * LC, 2 * D, D, 1.0, cd.cond, D, param(p, param_kind::cross_qkv, l) + D * D, D, 0.0,
+           cd.kv + l * batch * LC * 2 * D, 2 * D);
+    if constexpr (summed) Backend::sum_rows(cd.csum, cd.cond, batch, LC, D);
+  }
+
+  // Backward of encode_conditions from dcond (every layer's contribution, or fuse::sum's): the
+  // projections' and biases' gradients, and the attribute tables' rows that were looked up.
+  static void encode_conditions_bwd(const W* p, G* g, const condition_t& cd, index_t batch, const workspace& ws) {
+    constexpr index_t ldc = LC * D;
+    Backend::mask_rows(cd.dcond, cd.mask, batch * LC, D, D);
+    for (int j = 0; j < conds::count; ++j) {
+      const condition_desc& c = conds::list[static_cast<std::size_t>(j)];
+      const A* dout = cd.dcond + c.first_position * D;
+      G* dproj = param(g, param_kind::cond_proj, -1, j);
+      for (index_t b = 0; b < batch; ++b)
+        Backend::bias_grad(param(g, param_kind::cond_bias, -1, j), dout + b * ldc, c.positions, D, D);
+      if (c.kind == cond::condition_kind::attribute) {
+        // the rows again (the forward's were overwritten by the next attribute), then
+        // dproj += doutᵀ·rows and drows = dout·proj into the table's looked-up rows
+        Backend::condition_gather(cd.rows, param(p, param_kind::cond_table, -1, j), cd.index + c.slot, batch, c.width,
+                                  conds::attributes);
+        mm(ws, true, false, D, c.width, batch, 1.0, dout, ldc, cd.rows, c.width, 1.0, dproj, c.width);
+        mm(ws, false, false, batch, c.width, D, 1.0, dout, ldc, param(p, param_kind::cond_proj, -1, j), c.width, 0.0,
+           cd.rows, c.width);
+        Backend::condition_gather_bwd(param(g, param_kind::cond_table, -1, j), cd.rows, cd.index + c.slot, batch,
+                                      c.width, conds::attributes);
+      } else {
+        for (index_t b = 0; b < batch; ++b)
+          mm(ws, true, false, D, c.width, c.positions, 1.0, dout + b * ldc, D,
+             cd.embedding + b * conds::embedding_values + c.input_offset, c.width, 1.0, dproj, c.width);
+      }
+    }
   }
 
   // One layer's forward from a.x_in. With all = true every slot and the output are written (the
@@ -138,7 +267,7 @@ struct transformer {
   // stays in the product (beta 1). Where the backend fuses the GELU epilogue (ops/gemm.hpp),
   // gemm_gelu writes ffn_pre and ffn_act when both are wanted.
   static void layer_forward(const W* p, int l, const layer_view& a, index_t batch, index_t steps, A* free_rows,
-                            const workspace& ws, bool all) {
+                            const workspace& ws, bool all, const condition_t& cd = {}) {
     const index_t rows = batch * steps;
     auto need = [&](layer_slot s) { return all || !layout::kept(s, l); };
     if (need(layer_slot::ln1) || need(layer_slot::ln1_mean) || need(layer_slot::ln1_rstd))
@@ -149,21 +278,40 @@ struct transformer {
     if (need(layer_slot::att) || need(layer_slot::att_lse))
       Backend::template attention_fwd<S.head_dim()>(a.att, a.att_lse, a.qkv, batch, steps, S.heads, ws.attention,
                                                     ws.attention_size);
+    // x_next = x_prev + in·Woutᵀ, then its LayerNorm (residual_layernorm_fwd where the backend
+    // fuses it): after self-attention into norm_cross (cross) or norm2, after cross-attention
+    // into norm2.
+    auto residual_norm = [&](layer_slot x_slot, A* x_next, A* ln, F* mean, F* rstd, const A* x_prev, const A* in,
+                             const W* w_out, const W* norm_w, const W* norm_b, bool want_ln) {
+      if (need(x_slot) && ops::fuses_residual_layernorm<Backend>) {
+        mm(ws, false, true, rows, D, D, 1.0, in, D, w_out, D, 0.0, free_rows, D);
+        Backend::residual_layernorm_fwd(x_next, ln, mean, rstd, x_prev, free_rows, norm_w, norm_b, rows, D);
+      } else {
+        if (need(x_slot)) {
+          Backend::copy(x_next, x_prev, rows * D);
+          mm(ws, false, true, rows, D, D, 1.0, in, D, w_out, D, 1.0, x_next, D);
+        }
+        if (want_ln) Backend::layernorm_fwd(ln, mean, rstd, x_next, norm_w, norm_b, rows, D);
+      }
+    };
     const bool ln2 = need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd);
     const W* out_proj = param(p, param_kind::out_proj, l);
-    if (need(layer_slot::x_mid) && ops::fuses_residual_layernorm<Backend>) {
-      mm(ws, false, true, rows, D, D, 1.0, a.att, D, out_proj, D, 0.0, free_rows, D);
-      Backend::residual_layernorm_fwd(a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, free_rows,
-                                      param(p, param_kind::norm2_weight, l), param(p, param_kind::norm2_bias, l),
-                                      rows, D);
+    if constexpr (cross) {
+      const bool lnc = need(layer_slot::lnc) || need(layer_slot::lnc_mean) || need(layer_slot::lnc_rstd);
+      residual_norm(layer_slot::x_sa, a.x_sa, a.lnc, a.lnc_mean, a.lnc_rstd, a.x_in, a.att, out_proj,
+                    param(p, param_kind::norm_cross_weight, l), param(p, param_kind::norm_cross_bias, l), lnc);
+      const W* wq = param(p, param_kind::cross_qkv, l);
+      if (need(layer_slot::qc)) mm(ws, false, true, rows, D, D, 1.0, a.lnc, D, wq, D, 0.0, a.qc, D);
+      if (need(layer_slot::attc) || need(layer_slot::attc_lse))
+        Backend::template cross_attention_fwd<S.head_dim()>(a.attc, a.attc_lse, a.qc, cd.kv + l * batch * LC * 2 * D,
+                                                            masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
+                                                            steps, LC, S.heads, D, ws.attention, ws.attention_size);
+      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc,
+                    param(p, param_kind::cross_out, l), param(p, param_kind::norm2_weight, l),
+                    param(p, param_kind::norm2_bias, l), ln2);
     } else {
-      if (need(layer_slot::x_mid)) {
-        Backend::copy(a.x_mid, a.x_in, rows * D);
-        mm(ws, false, true, rows, D, D, 1.0, a.att, D, out_proj, D, 1.0, a.x_mid, D);
-      }
-      if (ln2)
-        Backend::layernorm_fwd(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, param(p, param_kind::norm2_weight, l),
-                               param(p, param_kind::norm2_bias, l), rows, D);
+      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, a.att, out_proj,
+                    param(p, param_kind::norm2_weight, l), param(p, param_kind::norm2_bias, l), ln2);
     }
     const W* ffn_up = param(p, param_kind::ffn_up, l);
     if (need(layer_slot::ffn_pre) && need(layer_slot::ffn_act) && ops::fuses_gemm_gelu<Backend>) {
@@ -197,13 +345,14 @@ struct transformer {
   // Backward from dlnf (in scratch.dh, written by head()) to every parameter gradient
   // (accumulated into g), recomputing what the checkpoint policy did not keep.
   static void backward(const W* p, G* g, std::byte* saved, std::byte* work, const token_t* seq, index_t batch,
-                       index_t steps, const scratch_t& scratch, const workspace& ws) {
+                       index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
     const index_t rows = batch * steps;
     A* dx = scratch.dx;
     A* dh = scratch.dh;
     A* dqkv = scratch.dqkv;
     A* dffn = scratch.dffn;
     Backend::fill_zero(dx, rows * D);
+    if constexpr (conditioned) Backend::fill_zero(cd.dcond, batch * LC * D);
     Backend::layernorm_bwd(dx, param(g, param_kind::out_norm_weight), param(g, param_kind::out_norm_bias), dh,
                            final_at<A>(saved, final_slot::x_out, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), param(p, param_kind::out_norm_weight), rows,
@@ -212,7 +361,7 @@ struct transformer {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
       // write it before they read it
-      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, steps, dh, ws, false);
+      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, steps, dh, ws, false, cd);
       mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
       mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
       Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
@@ -220,6 +369,7 @@ struct transformer {
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);
       Backend::layernorm_bwd(dx, param(g, param_kind::norm2_weight, l), param(g, param_kind::norm2_bias, l), dh,
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
+      if constexpr (cross) cross_backward(p, g, l, a, batch, steps, scratch, ws, cd);
       mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
       Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, steps, S.heads,
@@ -232,6 +382,38 @@ struct transformer {
     G* dtables[K];
     for (int k = 0; k < K; ++k) dtables[k] = param(g, param_kind::embedding, -1, k);
     Backend::embedding_bwd(dtables, dx, seq, batch, K, steps, D);
+    if constexpr (summed) {
+      // every condition position of an example was added to each of its positions
+      Backend::sum_rows(cd.csum, dx, batch, steps, D);
+      Backend::add_rows(cd.dcond, cd.csum, batch, LC, D);
+    }
+    if constexpr (conditioned) encode_conditions_bwd(p, g, cd, batch, ws);
+  }
+
+  // The cross-attention block's backward, from dx = d x_mid to dx = d x_sa: its out projection,
+  // the attention, its query projection and norm_cross; the keys' and values' share of the
+  // projection's gradient, and their gradient into dcond. dffn (free once the FFN's backward is
+  // done) holds the queries' gradient.
+  static void cross_backward(const W* p, G* g, int l, const layer_view& a, index_t batch, index_t steps,
+                             const scratch_t& scratch, const workspace& ws, const condition_t& cd) {
+    const index_t rows = batch * steps, crow = batch * LC;
+    A* dh = scratch.dh;
+    A* dq = scratch.dffn;
+    const W* wq = param(p, param_kind::cross_qkv, l);
+    G* gq = param(g, param_kind::cross_qkv, l);
+    const A* kv = cd.kv + l * crow * 2 * D;
+    mm(ws, true, false, D, D, rows, 1.0, scratch.dx, D, a.attc, D, 1.0, param(g, param_kind::cross_out, l), D);
+    mm(ws, false, false, rows, D, D, 1.0, scratch.dx, D, param(p, param_kind::cross_out, l), D, 0.0, dh, D);
+    Backend::template cross_attention_bwd<S.head_dim()>(dq, cd.dkv, dh, a.qc, kv, a.attc_lse,
+                                                        masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
+                                                        steps, LC, S.heads, D, ws.attention, ws.attention_size);
+    mm(ws, true, false, D, D, rows, 1.0, dq, D, a.lnc, D, 1.0, gq, D);
+    mm(ws, true, false, 2 * D, D, crow, 1.0, cd.dkv, 2 * D, cd.cond, D, 1.0, gq + D * D, D);
+    mm(ws, false, false, crow, D, 2 * D, 1.0, cd.dkv, 2 * D, wq + D * D, D, 1.0, cd.dcond, D);
+    mm(ws, false, false, rows, D, D, 1.0, dq, D, wq, D, 0.0, dh, D);
+    Backend::layernorm_bwd(scratch.dx, param(g, param_kind::norm_cross_weight, l),
+                           param(g, param_kind::norm_cross_bias, l), dh, a.x_sa, a.lnc_mean, a.lnc_rstd,
+                           param(p, param_kind::norm_cross_weight, l), rows, D);
   }
 };
 

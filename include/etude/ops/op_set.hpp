@@ -6,6 +6,7 @@
 //   ops/embedding.hpp (sinusoid, embedding_fwd/bwd)
 //   ops/layernorm.hpp (layernorm_fwd/bwd, residual_layernorm_fwd)
 //   ops/attention.hpp (attention_scratch, attention_fwd/bwd)
+//   ops/cross_attention.hpp, ops/condition.hpp (conditioned models only: condition_op_set)
 //   ops/softmax_xent.hpp    ops/reduce.hpp (sum_squares, all_finite)
 //   ops/adamw.hpp, ops/sgd.hpp (the updates and their checks)
 //   ops/step_control.hpp (step_control, clear_unless)
@@ -26,6 +27,8 @@
 #include "etude/core/types.hpp"
 #include "etude/ops/adamw.hpp"
 #include "etude/ops/attention.hpp"
+#include "etude/ops/condition.hpp"
+#include "etude/ops/cross_attention.hpp"
 #include "etude/ops/elementwise.hpp"
 #include "etude/ops/embedding.hpp"
 #include "etude/ops/gemm.hpp"
@@ -49,5 +52,10 @@ concept backend_op_set =
       B::step_control(limits, losses, k, decision);
       B::clear_unless(g, n, keep);
     };
+
+// What a conditioned model needs besides (config/conditions.hpp): the condition tensor's ops and
+// cross-attention. Asked of a backend only when a model is conditioned.
+template <class B, class Policy>
+concept condition_op_set = ops::condition_op<B, Policy> && ops::cross_attention_op<B, Policy>;
 
 }  // namespace etude

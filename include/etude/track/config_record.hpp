@@ -24,7 +24,8 @@
 
 BOOST_HANA_ADAPT_STRUCT(etude::shape, codebooks, card, dim, heads, layers, ffn_mult, max_len);
 BOOST_HANA_ADAPT_STRUCT(etude::hyper, lr, beta1, beta2, eps, weight_decay, momentum, warmup_steps, total_steps,
-                        min_lr_ratio, clip_norm, seed, loss_scale, scale_growth, scale_backoff, scale_interval);
+                        min_lr_ratio, clip_norm, seed, loss_scale, scale_growth, scale_backoff, scale_interval,
+                        condition_dropout, condition_dropout_mode, attribute_dropout);
 
 namespace etude::track {
 
@@ -47,6 +48,7 @@ json describe_config() {
   json j;
   j["model"]["shape"] = reflect(model::shape);
   j["model"]["pattern"] = model::pattern::describe();
+  if constexpr (model::conditioned) j["model"]["conditions"] = model::conditions::describe();
   j["model"]["parameters"] = model::params::parameter_count();
   j["precision"]["name"] = precision::name_of<typename Config::precision>();
   j["precision"]["roles"] = Config::precision::describe();

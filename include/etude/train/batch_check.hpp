@@ -14,16 +14,74 @@
 
 #include <algorithm>
 #include <limits>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "etude/config/accumulate.hpp"
+#include "etude/config/conditions.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/pattern_plan.hpp"
 #include "etude/core/batch.hpp"
 
 namespace etude {
+
+// Throws invalid_input when a batch's conditions do not fit the model's condition list: a
+// conditioned model needs every example's attribute indices (−1 for the null condition) in
+// [−1, values); embeddings, where given, are finite and their mask 0 or 1. An unconditioned
+// model refuses a batch that carries conditions, which it would silently ignore.
+template <class Conds>
+void check_conditions(const batch_view& b, const std::string& what) {
+  if constexpr (Conds::count == 0) {
+    if (b.attributes != nullptr || b.embeddings != nullptr)
+      throw invalid_input(what + " carries conditions but the model has none: use a conditioned model "
+                          "(etude::model<shape, pattern, etude::conditions<...>>) or leave the conditions out");
+  } else {
+    auto need = [&](const char* field, std::size_t have, std::size_t want) {
+      if (have != batch_view::unknown_size && have < want)
+        throw invalid_input(what + ": field " + field + " holds " + std::to_string(have) + " elements but " +
+                            std::to_string(b.batch) + " examples need " + std::to_string(want));
+    };
+    const auto nb = static_cast<std::size_t>(b.batch);
+    if constexpr (Conds::attributes > 0) {
+      if (b.attributes == nullptr)
+        throw invalid_input(what + ": the model is conditioned on " + std::to_string(Conds::attributes) +
+                            " attributes but the batch carries none: fill attributes (batch x attributes value "
+                            "indices, -1 for the null condition)");
+      need("attributes", b.attributes_size, nb * Conds::attributes);
+      for (const condition_desc& c : Conds::list) {
+        if (c.kind != cond::condition_kind::attribute) continue;
+        for (index_t e = 0; e < b.batch; ++e) {
+          const std::int32_t v = b.attributes[e * Conds::attributes + c.slot];
+          if (v < -1 || v >= c.values)
+            throw invalid_input(what + ": attribute '" + std::string(c.name) + "' of example " + std::to_string(e) +
+                                " has value index " + std::to_string(v) + ", outside [-1, " +
+                                std::to_string(c.values) + "): the data's vocabulary does not match the model's");
+        }
+      }
+    }
+    if constexpr (Conds::embeddings > 0) {
+      if (b.embeddings != nullptr) {
+        need("embeddings", b.embeddings_size, nb * static_cast<std::size_t>(Conds::embedding_values));
+        for (std::size_t i = 0; i < nb * static_cast<std::size_t>(Conds::embedding_values); ++i)
+          if (!std::isfinite(b.embeddings[i])) {
+            const auto e = static_cast<long long>(i / static_cast<std::size_t>(Conds::embedding_values));
+            throw invalid_input(what + ": embedding value " + std::to_string(b.embeddings[i]) + " of example " +
+                                std::to_string(e) + " is not finite: recompute the condition embeddings");
+          }
+      }
+      if (b.embedding_mask != nullptr) {
+        need("embedding_mask", b.embedding_mask_size, nb * Conds::embedding_positions);
+        for (std::size_t i = 0; i < nb * Conds::embedding_positions; ++i)
+          if (b.embedding_mask[i] > 1)
+            throw invalid_input(what + ": embedding mask value " + std::to_string(b.embedding_mask[i]) +
+                                " of example " + std::to_string(i / Conds::embedding_positions) + " must be 0 or 1");
+      }
+    }
+  }
+}
 
 // Throws invalid_input when the batch cannot be trained on (training = true) or evaluated by a
 // model of type Model with accumulate<microbatches>.
@@ -62,6 +120,7 @@ void check_batch(const batch_view& b, bool training, int microbatches) {
                               std::to_string(e) + ", codebook " + std::to_string(k) + ", frame " +
                               std::to_string(t) + " must be 0 or 1");
       }
+  check_conditions<typename Model::conditions>(b, what);
 }
 
 // Valid target tokens of codebook k in examples [b0, b0 + nb): frames some logit step predicts

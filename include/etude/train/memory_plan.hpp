@@ -94,23 +94,40 @@ struct step_workspace {
   using F = typename policy::compute_t;
   static constexpr bool staged = !std::is_same_v<typename policy::activation_t, F>;
 
+  // seq, target and cond_in are one block (a microbatch's staged inputs); cond_saved and
+  // cond_scratch hold the condition tensor, the cross-attention keys and values and their
+  // gradients (empty without conditions).
   struct regions {
-    index_t seq, target, saved, work, scratch, attention, gemm;
-    constexpr index_t total() const { return seq + target + saved + work + scratch + attention + gemm; }
+    index_t seq, target, cond_in, saved, work, cond_saved, scratch, cond_scratch, attention, gemm;
+    constexpr index_t total() const {
+      return seq + target + cond_in + saved + work + cond_saved + scratch + cond_scratch + attention + gemm;
+    }
+    constexpr index_t inputs() const { return seq + target + cond_in; }
   };
   static constexpr regions sizes(index_t nb, index_t steps, int threads) {
     const index_t rows = nb * steps;
     const auto tokens = arena::round_up(rows * S.codebooks * static_cast<index_t>(sizeof(token_t)));
+    using cl = typename net::condition_layout;
     return {tokens,
             tokens,
+            cl::inputs(nb),
             arena::round_up(net::layout::saved_bytes(rows)),
             arena::round_up(net::layout::work_bytes(rows)),
+            cl::saved(nb),
             arena::round_up(net::scratch_t::bytes(rows)),
+            cl::scratch(nb),
             arena::round_up(attention_values(steps, threads) * static_cast<index_t>(sizeof(F))),
             arena::round_up(Backend::template gemm_workspace_bytes<policy>())};
   }
+  // The attention scratch, shared by self- and cross-attention.
   static constexpr index_t attention_values(index_t steps, int threads) {
-    return Backend::attention_scratch(steps, S.head_dim(), staged, threads);
+    const index_t self = Backend::attention_scratch(steps, S.head_dim(), staged, threads);
+    if constexpr (net::cross) {
+      const index_t cross = Backend::cross_attention_scratch(steps, net::LC, S.head_dim(), staged, threads);
+      return self > cross ? self : cross;
+    } else {
+      return self;
+    }
   }
 };
 
@@ -136,11 +153,16 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   p.master = policy::has_master ? P * size(typename policy::master_t{}) : 0;
   p.gradients = P * size(typename policy::grad_t{});
   p.optimizer_states = Config::optimizer::state_tensors * P * size(typename policy::state_t{});
-  p.activations = ws.saved;
+  p.activations = ws.saved + ws.cond_saved;
   // the batch as the loader hands it over (tokens + padding mask), the microbatch's pattern
   // sequences and targets, and the pattern's source/target tables
-  p.inputs = batch * K * frames * (size(token_t{}) + 1) + ws.seq + ws.target + 2 * K * steps * size(index_t{});
-  p.temporaries = ws.work + ws.scratch + ws.attention + ws.gemm + steps * S.dim * size(typename policy::compute_t{});
+  // (and a conditioned model's conditions: attribute indices, embeddings and their masks as handed
+  // over, and the microbatch's staged copy)
+  using conds = typename model::conditions;
+  p.inputs = batch * K * frames * (size(token_t{}) + 1) + ws.seq + ws.target + 2 * K * steps * size(index_t{}) +
+             batch * (conds::attributes * 4 + conds::embedding_values * 4 + conds::embedding_positions) + ws.cond_in;
+  p.temporaries = ws.work + ws.scratch + ws.cond_scratch + ws.attention + ws.gemm +
+                  steps * S.dim * size(typename policy::compute_t{});
   p.communication =
       options.world_size > 1 && !std::is_same_v<typename policy::comm_t, typename policy::grad_t>
           ? P * size(typename policy::comm_t{})

@@ -32,6 +32,7 @@
 #include "etude/config/train_config.hpp"
 #include "etude/core/arena.hpp"
 #include "etude/core/batch.hpp"
+#include "etude/core/rng.hpp"
 #include "etude/core/error.hpp"
 #include "etude/model/pattern_plan.hpp"
 #include "etude/model/transformer.hpp"
@@ -176,6 +177,7 @@ class trainer {
     std::byte* work;
     typename net::scratch_t scratch;
     typename net::workspace ops;
+    typename net::condition_t cond;  // conditioned models: inputs (after target) and tensors
   };
 
   const param_type* weights() const {
@@ -192,17 +194,20 @@ class trainer {
   void reserve_shape(index_t nb, index_t steps);
   // The inputs of a staged batch: part p is examples [p·chunk, min(B, (p+1)·chunk)) laid out as
   // pattern sequences and targets (a microbatch of a step, a chunk of an evaluation).
+  // A training pass draws condition dropout (dropout = true); an evaluation does not.
   struct staged_input {
     const trainer* owner = nullptr;
     batch_view batch;
     index_t chunk = 1;
+    bool dropout = false;
     void operator()(int part, std::byte* dst) const {
       const index_t b0 = part * chunk;
-      owner->lay_out(batch, b0, std::min(chunk, batch.batch - b0), dst);
+      owner->lay_out(batch, b0, std::min(chunk, batch.batch - b0), dst, dropout);
     }
   };
-  void lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out) const;
-  int stage_parts(const batch_view& batch, index_t chunk, bool pending);
+  void lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out, bool dropout) const;
+  void lay_out_conditions(const batch_view& b, index_t b0, index_t nb, std::byte* out, bool dropout) const;
+  int stage_parts(const batch_view& batch, index_t chunk, bool pending, bool dropout);
   int stage_training_batch(const batch_view& batch, bool pending);
   step_stats training_pass(const batch_view& batch, bool update);
   void write_scalars(const step_token_counts& tc, double lr);
@@ -238,6 +243,10 @@ template <class Config, class Backend>
 trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_(device) {
   static_assert(backend_op_set<Backend, policy>,
                 "the backend does not implement etude's op set for this precision policy (see ops/op_set.hpp)");
+  if constexpr (model::conditioned)
+    static_assert(condition_op_set<Backend, policy>,
+                  "the backend does not implement the condition ops (ops/condition.hpp, ops/cross_attention.hpp) a "
+                  "conditioned model needs");
   if constexpr (requires { Backend::template accepts<Config>(); }) static_assert(Backend::template accepts<Config>());
   detail::validate_hyper<Config>(h);
   [[maybe_unused]] const auto guard = exec_.enter();
@@ -343,7 +352,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
   }
   for (int k = 0; k < K; ++k)
     if (counts[static_cast<std::size_t>(k)] == 0) throw no_valid_target("evaluation batch", k);
-  const int slot = stage_parts(batch, chunk, false);
+  const int slot = stage_parts(batch, chunk, false, false);
   index_t used = 0;
   exec_.run(slot, chunk, steps, false, [&] {
     control_.begin();
@@ -353,8 +362,8 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
       const auto sz = workspace_layout::sizes(nb, steps, threads());
       used = std::max(used, sz.total());
       const microbatch_workspace w = carve(nb, steps);
-      exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.seq + sz.target);
-      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops);
+      exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.inputs());
+      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
       for (int k = 0; k < K; ++k)
         net::head(weights(), grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
                   &control_.scalars()->zero_weight, &r->loss[k], false, w.ops);

@@ -16,6 +16,8 @@
 
 #include "etude/backend/cpu/adamw.hpp"
 #include "etude/backend/cpu/attention.hpp"
+#include "etude/backend/cpu/condition.hpp"
+#include "etude/backend/cpu/cross_attention.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/backend/cpu/embedding.hpp"
@@ -34,6 +36,8 @@ struct cpu : cpu_gemm,
              cpu_embedding,
              cpu_layernorm,
              cpu_attention,
+             cpu_cross_attention,
+             cpu_condition,
              cpu_softmax_xent,
              cpu_reduce,
              cpu_adamw,

@@ -39,6 +39,12 @@ void validate_hyper(const hyper& h) {
     if (!(h.scale_backoff > 0.0 && h.scale_backoff < 1.0)) fail("scale_backoff must be in (0, 1)");
     if (h.scale_interval < 1) fail("scale_interval must be >= 1");
   }
+  if (!(h.condition_dropout >= 0.0 && h.condition_dropout <= 1.0)) fail("condition_dropout must be in [0, 1]");
+  if (!(h.attribute_dropout >= 0.0 && h.attribute_dropout <= 1.0)) fail("attribute_dropout must be in [0, 1]");
+  if constexpr (!Config::model::conditioned) {
+    if (h.condition_dropout != 0.0 || h.attribute_dropout != 0.0)
+      fail("condition_dropout and attribute_dropout need a conditioned model (etude::conditions<...>)");
+  }
   Config::schedule::validate(h);
 }
 
@@ -55,6 +61,7 @@ void initialise_parameters(T* master, unsigned long long seed) {
       switch (p.init) {
         case init_kind::truncated_normal: w[j] = static_cast<T>(r.truncated_normal(scale)); break;
         case init_kind::uniform: w[j] = static_cast<T>(r.uniform(-scale, scale)); break;
+        case init_kind::normal: w[j] = static_cast<T>(r.normal() * scale); break;
         case init_kind::ones: w[j] = T(1); break;
         case init_kind::zeros: w[j] = T(0); break;
       }

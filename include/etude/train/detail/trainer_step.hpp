@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,18 +28,36 @@ typename trainer<Config, Backend>::microbatch_workspace trainer<Config, Backend>
   };
   auto* seq = reinterpret_cast<token_t*>(take(sz.seq));
   auto* target = reinterpret_cast<token_t*>(take(sz.target));
+  std::byte* cond_in = take(sz.cond_in);
   std::byte* saved = take(sz.saved);
   std::byte* work = take(sz.work);
+  std::byte* cond_saved = take(sz.cond_saved);
   std::byte* scratch = take(sz.scratch);
+  std::byte* cond_scratch = take(sz.cond_scratch);
   auto* attention = reinterpret_cast<compute_type*>(take(sz.attention));
   auto* gemm = reinterpret_cast<float*>(take(sz.gemm));
+  typename net::condition_t cond;
+  if constexpr (model::conditioned) {
+    using cl = typename net::condition_layout;
+    using A = typename policy::activation_t;
+    cond.index = reinterpret_cast<const std::int32_t*>(cond_in);
+    cond.embedding = reinterpret_cast<const compute_type*>(cond_in + cl::index_bytes(nb));
+    cond.mask = reinterpret_cast<const compute_type*>(cond_in + cl::index_bytes(nb) + cl::embedding_bytes(nb));
+    cond.cond = reinterpret_cast<A*>(cond_saved);
+    cond.kv = reinterpret_cast<A*>(cond_saved + cl::cond_bytes(nb));
+    cond.dcond = reinterpret_cast<A*>(cond_scratch);
+    cond.dkv = reinterpret_cast<A*>(cond_scratch + cl::cond_bytes(nb));
+    cond.rows = reinterpret_cast<A*>(cond_scratch + cl::cond_bytes(nb) + cl::kv_bytes(nb));
+    cond.csum = reinterpret_cast<A*>(cond_scratch + cl::cond_bytes(nb) + cl::kv_bytes(nb) + cl::rows_bytes(nb));
+  }
   return {seq,
           target,
           saved,
           work,
           typename net::scratch_t(scratch, rows),
           {sz.attention > 0 ? attention : nullptr, workspace_layout::attention_values(steps, th),
-           sz.gemm > 0 ? gemm : nullptr}};
+           sz.gemm > 0 ? gemm : nullptr},
+          cond};
 }
 
 // Makes the arena and the positions large enough for microbatches of nb examples of `steps`
@@ -57,9 +76,11 @@ void trainer<Config, Backend>::reserve_shape(index_t nb, index_t steps) {
 }
 
 // Pattern sequences and targets of examples [b0, b0 + nb) at `out` (the seq region, then the
-// target region, as step_workspace lays them out), under the pattern plan of b's length.
+// target region, then a conditioned model's condition inputs, as step_workspace lays them out),
+// under the pattern plan of b's length.
 template <class Config, class Backend>
-void trainer<Config, Backend>::lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out) const {
+void trainer<Config, Backend>::lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out,
+                                       bool dropout) const {
   const pattern_plan& plan = plan_;
   const index_t steps = plan.steps, rows = nb * steps;
   const auto sz = workspace_layout::sizes(nb, steps, threads());
@@ -72,24 +93,75 @@ void trainer<Config, Backend>::lay_out(const batch_view& b, index_t b0, index_t 
         seq[(e * K + k) * steps + s] = src >= 0 ? b.token(b0 + e, k, src) : static_cast<token_t>(S.card);
         target[k * rows + e * steps + s] = tgt >= 0 && b.valid(b0 + e, k, tgt) ? b.token(b0 + e, k, tgt) : token_t{-1};
       }
+  if constexpr (model::conditioned) lay_out_conditions(b, b0, nb, out + sz.seq + sz.target, dropout);
+}
+
+// The condition inputs of examples [b0, b0 + nb): attribute indices, embeddings (the compute type)
+// and the per-position mask (an attribute's position is real unless null; an embedding's unless
+// padded or the embedding is absent). Condition dropout, when drawn, makes an example's or an
+// attribute's condition null: index −1, embedding zero, mask 0. The coins depend on the run's
+// seed, the training passes before this one (applied plus skipped updates, both saved in
+// checkpoints, so a resumed run draws the same) and the example's index in the batch.
+template <class Config, class Backend>
+void trainer<Config, Backend>::lay_out_conditions(const batch_view& b, index_t b0, index_t nb, std::byte* out,
+                                                  bool dropout) const {
+  using conds = typename model::conditions;
+  using cl = typename net::condition_layout;
+  constexpr int A = conds::attributes, LC = conds::positions;
+  constexpr index_t EV = conds::embedding_values;
+  auto* index = reinterpret_cast<std::int32_t*>(out);
+  auto* emb = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb));
+  auto* mask = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb) + cl::embedding_bytes(nb));
+  const auto draw = static_cast<std::uint64_t>(step_ + scaler_.skipped);
+  const bool batch_dropped = dropout && hyper_.condition_dropout > 0.0 &&
+                             hyper_.condition_dropout_mode == hyper::dropout_mode::per_batch &&
+                             rng(hyper_.seed ^ 0x5eedc0de0b47c4ULL, draw).uniform() < hyper_.condition_dropout;
+  for (index_t e = 0; e < nb; ++e) {
+    const index_t src = b0 + e;
+    rng coin(hyper_.seed ^ (0xd20b0a7c0ffeeULL * (draw + 1)), static_cast<std::uint64_t>(src));
+    bool dropped = batch_dropped;
+    if (dropout && hyper_.condition_dropout > 0.0 && hyper_.condition_dropout_mode == hyper::dropout_mode::per_sample)
+      dropped = coin.uniform() < hyper_.condition_dropout;
+    for (const condition_desc& c : conds::list) {
+      if (c.kind == cond::condition_kind::attribute) {
+        bool null = dropped;
+        if (dropout && hyper_.attribute_dropout > 0.0) null = (coin.uniform() < hyper_.attribute_dropout) || null;
+        const std::int32_t v = null ? -1 : b.attributes[src * A + c.slot];
+        index[e * A + c.slot] = v;
+        mask[e * LC + c.first_position] = compute_type(v >= 0 ? 1 : 0);
+      } else {
+        const bool present = !dropped && b.embeddings != nullptr;
+        compute_type* dst = emb + e * EV + c.input_offset;
+        const float* from = present ? b.embeddings + src * EV + c.input_offset : nullptr;
+        for (index_t i = 0; i < static_cast<index_t>(c.width) * c.positions; ++i)
+          dst[i] = present ? static_cast<compute_type>(from[i]) : compute_type(0);
+        for (int p = 0; p < c.positions; ++p) {
+          const bool real =
+              present && (b.embedding_mask == nullptr ||
+                          b.embedding_mask[src * conds::embedding_positions + c.mask_offset + p] != 0);
+          mask[e * LC + c.first_position + p] = compute_type(real ? 1 : 0);
+        }
+      }
+    }
+  }
 }
 
 // Stages `batch` with the executor in parts of `chunk` examples (the plan of its length made
 // first); returns the input slot.
 template <class Config, class Backend>
-int trainer<Config, Backend>::stage_parts(const batch_view& batch, index_t chunk, bool pending) {
+int trainer<Config, Backend>::stage_parts(const batch_view& batch, index_t chunk, bool pending, bool dropout) {
   const pattern_plan& plan = plan_for(batch.frames);
   const auto sz = workspace_layout::sizes(chunk, plan.steps, threads());
-  input_ = {this, batch, chunk};
-  return exec_.stage(batch, static_cast<int>((batch.batch + chunk - 1) / chunk), sz.seq + sz.target,
-                     input_fill(input_), pending);
+  input_ = {this, batch, chunk, dropout};
+  return exec_.stage(batch, static_cast<int>((batch.batch + chunk - 1) / chunk), sz.inputs(), input_fill(input_),
+                     pending);
 }
 
 // Checks a training batch (etude::trainer's messages) and stages its microbatches.
 template <class Config, class Backend>
 int trainer<Config, Backend>::stage_training_batch(const batch_view& batch, bool pending) {
   check_batch<model>(batch, true, microbatches);
-  return stage_parts(batch, batch.batch / microbatches, pending);
+  return stage_parts(batch, batch.batch / microbatches, pending, true);
 }
 
 // The host's half of a step: the scalars the step reads, written before it runs.
@@ -120,12 +192,12 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   Backend::fill_zero(grads, P);
   const microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
-    exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.seq + sz.target);
-    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops);
+    exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.inputs());
+    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
     for (int k = 0; k < K; ++k)
       net::head(weights(), grads, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
                 &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);
-    net::backward(weights(), grads, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops);
+    net::backward(weights(), grads, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond);
   }
   Backend::sum_squares(grads, P, &r->decision.sum_squares);
   if (update) {

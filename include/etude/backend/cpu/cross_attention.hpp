@@ -1,0 +1,199 @@
+// The CPU's cross-attention (spec: ops/cross_attention.hpp): per (example, head), query rows in
+// blocks against every condition position, the products through CBLAS in the compute type,
+// padded positions out of the softmax when a mask is given; the backward recomputes the
+// probabilities from q, k and lse.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend {
+
+struct cpu_cross_attention {
+  static constexpr index_t cross_rows = 64;
+
+  // One slot per thread: scores and their gradient for a block of query rows, and with 16-bit
+  // tensors one head's q, dO, dQ (S rows) and k, v, dK, dV (L rows) in the compute type.
+  static constexpr index_t cross_attention_slot(index_t steps, index_t positions, index_t head_dim, bool staged) {
+    return 2 * cross_rows * positions + (staged ? 3 * steps * head_dim + 4 * positions * head_dim : 0);
+  }
+  static constexpr index_t cross_attention_scratch(index_t steps, index_t positions, index_t head_dim, bool staged,
+                                                   int thread_count) {
+    return static_cast<index_t>(thread_count) * cross_attention_slot(steps, positions, head_dim, staged);
+  }
+
+  template <int HeadDim, class A, class St, class M>
+  static void cross_attention_fwd(A* att, St* lse, const A* q, const A* kv, const M* mask, index_t batch,
+                                  index_t steps, index_t positions, int heads, index_t ldq,
+                                  cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+    using F = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, F>;
+    constexpr index_t hd = HeadDim;
+    const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
+    const int slots = slot_count("cpu::cross_attention_fwd", slot, scratch_size);
+#pragma omp parallel for schedule(static) num_threads(slots)
+    for (index_t bh = 0; bh < batch * heads; ++bh) {
+      const index_t b = bh / heads, h = bh % heads;
+      F* p = scratch + omp_get_thread_num() * slot;
+      const A* qh = q + b * steps * ldq + h * hd;
+      const A* kh = kv + b * positions * 2 * d + h * hd;
+      const M* m = mask != nullptr ? mask + b * positions : nullptr;
+      A* out = att + b * steps * d + h * hd;
+      St* l = lse + b * steps * heads + h;
+      if constexpr (!staged) {
+        fwd_head(p, qh, ldq, kh, kh + d, 2 * d, m, out, d, l, heads, steps, positions, hd);
+      } else {
+        F* qf = p + 2 * cross_rows * positions;
+        F* of = qf + steps * hd;
+        F* kf = of + 2 * steps * hd;
+        F* vf = kf + positions * hd;
+        widen(qf, qh, ldq, steps, hd);
+        widen(kf, kh, 2 * d, positions, hd);
+        widen(vf, kh + d, 2 * d, positions, hd);
+        fwd_head(p, qf, hd, kf, vf, hd, m, of, hd, l, heads, steps, positions, hd);
+        narrow(out, d, of, steps, hd);
+      }
+    }
+  }
+
+  template <int HeadDim, class DQ, class A, class St, class M>
+  static void cross_attention_bwd(DQ* dq, DQ* dkv, const A* datt, const A* q, const A* kv, const St* lse,
+                                  const M* mask, index_t batch, index_t steps, index_t positions, int heads,
+                                  index_t ldq, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
+    using F = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
+    constexpr index_t hd = HeadDim;
+    const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
+    const int slots = slot_count("cpu::cross_attention_bwd", slot, scratch_size);
+#pragma omp parallel for schedule(static) num_threads(slots)
+    for (index_t bh = 0; bh < batch * heads; ++bh) {
+      const index_t b = bh / heads, h = bh % heads;
+      F* p = scratch + omp_get_thread_num() * slot;
+      const A* qh = q + b * steps * ldq + h * hd;
+      const A* kh = kv + b * positions * 2 * d + h * hd;
+      const A* dout = datt + b * steps * d + h * hd;
+      DQ* dqh = dq + b * steps * ldq + h * hd;
+      DQ* dkh = dkv + b * positions * 2 * d + h * hd;
+      const M* m = mask != nullptr ? mask + b * positions : nullptr;
+      const St* l = lse + b * steps * heads + h;
+      if constexpr (!staged) {
+        bwd_head(p, qh, ldq, kh, kh + d, 2 * d, dout, d, dqh, ldq, dkh, dkh + d, 2 * d, m, l, heads, steps, positions, hd);
+      } else {
+        F* qf = p + 2 * cross_rows * positions;
+        F* of = qf + steps * hd;
+        F* dqf = of + steps * hd;
+        F* kf = dqf + steps * hd;
+        F* vf = kf + positions * hd;
+        F* dkf = vf + positions * hd;
+        F* dvf = dkf + positions * hd;
+        widen(qf, qh, ldq, steps, hd);
+        widen(of, dout, d, steps, hd);
+        widen(kf, kh, 2 * d, positions, hd);
+        widen(vf, kh + d, 2 * d, positions, hd);
+        bwd_head(p, qf, hd, kf, vf, hd, of, hd, dqf, hd, dkf, dvf, hd, m, l, heads, steps, positions, hd);
+        narrow(dqh, ldq, dqf, steps, hd);
+        narrow(dkh, 2 * d, dkf, positions, hd);
+        narrow(dkh + d, 2 * d, dvf, positions, hd);
+      }
+    }
+  }
+
+ private:
+  static int slot_count(const char* op, index_t slot, index_t scratch_size) {
+    if (scratch_size < slot)
+      throw error(std::string(op) + ": scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
+                  std::to_string(slot) + ")");
+    return static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
+  }
+  template <class M>
+  static bool valid(const M* m, index_t j) {
+    return m == nullptr || m[j] != M(0);
+  }
+
+  // One head of one example: q rows with stride ldq, k and v rows with stride ldk, out with ldo.
+  template <class F, class O, class St, class M>
+  static void fwd_head(F* p, const F* q, index_t ldq, const F* k, const F* v, index_t ldk, const M* m, O* out,
+                       index_t ldo, St* lse, index_t lse_ld, index_t steps, index_t positions, index_t hd) {
+    const F scale = F(1.0) / std::sqrt(static_cast<F>(hd));
+    const index_t n = positions;
+    for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
+      const index_t rows = std::min(cross_rows, steps - i0);
+      cpu_detail::blas<F>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, F(0.0), p, n);
+      for (index_t i = 0; i < rows; ++i) {
+        F* row = p + i * n;
+        F mx = -std::numeric_limits<F>::infinity();
+        for (index_t j = 0; j < n; ++j)
+          if (valid(m, j)) mx = std::max(mx, row[j]);
+        if (mx == -std::numeric_limits<F>::infinity()) {  // no valid position: nothing to attend to
+          for (index_t j = 0; j < n; ++j) row[j] = F(0.0);
+          lse[(i0 + i) * lse_ld] = static_cast<St>(std::numeric_limits<F>::infinity());
+          continue;
+        }
+        F sum = F(0.0);
+        for (index_t j = 0; j < n; ++j) {
+          row[j] = valid(m, j) ? cpu_detail::vexp(row[j] - mx) : F(0.0);
+          sum += row[j];
+        }
+        const F inv = F(1.0) / sum;
+        for (index_t j = 0; j < n; ++j) row[j] *= inv;
+        lse[(i0 + i) * lse_ld] = static_cast<St>(mx + std::log(sum));
+      }
+      cpu_detail::blas<F>(false, false, rows, hd, n, F(1.0), p, n, v, ldk, F(0.0), out + i0 * ldo, ldo);
+    }
+  }
+
+  template <class F, class St, class M>
+  static void bwd_head(F* p, const F* q, index_t ldq, const F* k, const F* v, index_t ldk, const F* dout, index_t ldo,
+                       F* dq, index_t lddq, F* dk, F* dv, index_t lddk, const M* m, const St* lse, index_t lse_ld,
+                       index_t steps, index_t positions, index_t hd) {
+    const F scale = F(1.0) / std::sqrt(static_cast<F>(hd));
+    const index_t n = positions;
+    F* dp = p + cross_rows * n;
+    for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
+      const index_t rows = std::min(cross_rows, steps - i0);
+      cpu_detail::blas<F>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, F(0.0), p, n);
+      cpu_detail::blas<F>(false, true, rows, n, hd, F(1.0), dout + i0 * ldo, ldo, v, ldk, F(0.0), dp, n);
+      for (index_t i = 0; i < rows; ++i) {
+        F* pr = p + i * n;
+        F* dr = dp + i * n;
+        const F l = static_cast<F>(lse[(i0 + i) * lse_ld]);
+        const bool none = l == std::numeric_limits<F>::infinity();
+        for (index_t j = 0; j < n; ++j) pr[j] = !none && valid(m, j) ? cpu_detail::vexp(pr[j] - l) : F(0.0);
+        F dot = F(0.0);
+        for (index_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
+        for (index_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+      }
+      // dV += Pᵀ dO, dK += scale·dSᵀ Q over the blocks (the first block writes), dQ = scale·dS K
+      const F beta = i0 == 0 ? F(0.0) : F(1.0);
+      cpu_detail::blas<F>(true, false, n, hd, rows, F(1.0), p, n, dout + i0 * ldo, ldo, beta, dv, lddk);
+      cpu_detail::blas<F>(true, false, n, hd, rows, scale, dp, n, q + i0 * ldq, ldq, beta, dk, lddk);
+      cpu_detail::blas<F>(false, false, rows, hd, n, scale, dp, n, k, ldk, F(0.0), dq + i0 * lddq, lddq);
+    }
+    if (steps == 0)
+      for (index_t j = 0; j < n; ++j)
+        for (index_t c = 0; c < hd; ++c) dk[j * lddk + c] = dv[j * lddk + c] = F(0.0);
+  }
+
+  template <class F, class T>
+  static void widen(F* dst, const T* src, index_t ld, index_t rows, index_t hd) {
+    for (index_t s = 0; s < rows; ++s)
+      for (index_t j = 0; j < hd; ++j) dst[s * hd + j] = cpu_detail::cv<F>(src[s * ld + j]);
+  }
+  template <class T, class F>
+  static void narrow(T* dst, index_t ld, const F* src, index_t rows, index_t hd) {
+    for (index_t s = 0; s < rows; ++s)
+      for (index_t j = 0; j < hd; ++j) dst[s * ld + j] = cpu_detail::cv<T>(src[s * hd + j]);
+  }
+};
+
+}  // namespace etude::backend
