@@ -222,20 +222,54 @@ class SelfAttention(nn.Module):
         return self.out_proj(out)
 
 
+class CrossAttention(nn.Module):
+    """Queries from the stream, keys and values from the raw condition tensor, one packed
+    projection without bias (AudioCraft's cross_attention.in_proj_weight)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.out_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, src, key_mask=None):
+        B, S, D = x.shape
+        L = src.shape[1]
+        H, hd = self.heads, D // self.heads
+        w = self.in_proj_weight
+        q = F.linear(x, w[:D]).view(B, S, H, hd).transpose(1, 2)
+        k = F.linear(src, w[D:2 * D]).view(B, L, H, hd).transpose(1, 2)
+        v = F.linear(src, w[2 * D:]).view(B, L, H, hd).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+        if key_mask is None:
+            probs = torch.softmax(scores, dim=-1)
+            out = torch.matmul(probs, v)
+        else:
+            # padded positions leave the softmax; a row with no real position attends to nothing
+            probs = torch.softmax(scores.masked_fill(~key_mask[:, None, None, :], -1e30), dim=-1)
+            out = torch.matmul(probs, v) * key_mask.any(dim=1).to(x.dtype)[:, None, None, None]
+        return self.out_proj(out.transpose(1, 2).reshape(B, S, D))
+
+
 class Layer(nn.Module):
-    def __init__(self, dim, heads, ffn):
+    def __init__(self, dim, heads, ffn, cross=False):
         super().__init__()
         self.self_attn = SelfAttention(dim, heads)
         self.linear1 = nn.Linear(dim, ffn, bias=False)
         self.linear2 = nn.Linear(ffn, dim, bias=False)
         self.norm1 = nn.LayerNorm(dim, eps=1e-5)
         self.norm2 = nn.LayerNorm(dim, eps=1e-5)
+        if cross:
+            self.cross_attention = CrossAttention(dim, heads)
+            self.norm_cross = nn.LayerNorm(dim, eps=1e-5)
 
     def _ffn(self, x):
         return self.linear2(F.gelu(self.linear1(self.norm2(x))))
 
-    def forward(self, x):
+    def forward(self, x, cross_src=None, cross_mask=None):
         x = x + self.self_attn(self.norm1(x))
+        if cross_src is not None:
+            x = x + self.cross_attention(self.norm_cross(x), cross_src, cross_mask)
         return x + self._ffn(x)
 
     def forward_fast(self, x, causal_bias):
@@ -244,21 +278,70 @@ class Layer(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, dim, heads, layers, ffn):
+    def __init__(self, dim, heads, layers, ffn, cross=False):
         super().__init__()
-        self.layers = nn.ModuleList([Layer(dim, heads, ffn) for _ in range(layers)])
+        self.layers = nn.ModuleList([Layer(dim, heads, ffn, cross) for _ in range(layers)])
+
+
+class Conditioner(nn.Module):
+    """One condition: a categorical attribute (a table, then a projection with bias; AudioCraft's
+    LUT conditioner) or a precomputed embedding (a projection with bias). Null or padded
+    positions are zero vectors (the output times the mask)."""
+
+    def __init__(self, spec, dim):
+        super().__init__()
+        self.kind = spec["kind"]
+        if self.kind == "attribute":
+            self.embed = nn.Embedding(spec["values"], spec["width"])
+        self.output_proj = nn.Linear(spec["width"], dim)
+
+    def forward(self, x, mask):
+        """attribute: x [B] long (-1 null) -> [B, 1, D]; embedding: x [B, L, W], mask [B, L]."""
+        if self.kind == "attribute":
+            mask = (x >= 0).unsqueeze(1)
+            x = self.embed(x.clamp(min=0)).unsqueeze(1)
+        return self.output_proj(x) * mask.unsqueeze(-1).to(x.dtype), mask
+
+
+class ConditionProvider(nn.Module):
+    def __init__(self, specs, dim):
+        super().__init__()
+        self.specs = specs
+        self.conditioners = nn.ModuleDict({c["name"]: Conditioner(c, dim) for c in specs})
+
+    def forward(self, attributes, embeddings, emb_mask):
+        """-> the condition tensor [B, LC, D] and its mask [B, LC], conditions in list order."""
+        outs, masks, a, e, ep = [], [], 0, 0, 0
+        for c in self.specs:
+            mod = self.conditioners[c["name"]]
+            if c["kind"] == "attribute":
+                o, m = mod(attributes[:, a], None)
+                a += 1
+            else:
+                n = c["positions"] * c["width"]
+                x = embeddings[:, e:e + n].view(-1, c["positions"], c["width"])
+                o, m = mod(x, emb_mask[:, ep:ep + c["positions"]])
+                e += n
+                ep += c["positions"]
+            outs.append(o)
+            masks.append(m)
+        return torch.cat(outs, dim=1), torch.cat(masks, dim=1)
 
 
 class LM(nn.Module):
     """MusicGen LM without conditioning. Parameter names match AudioCraft's state dict."""
 
-    def __init__(self, codebooks, card, dim, heads, layers, ffn=None):
+    def __init__(self, codebooks, card, dim, heads, layers, ffn=None, conditions=None):
         super().__init__()
         ffn = 4 * dim if ffn is None else ffn
         self.codebooks, self.card, self.dim = codebooks, card, dim
+        # conditions: {"fuser": "cross" | "cross_unmasked" | "sum", "list": [...]} or None
+        self.fuser = conditions["fuser"] if conditions else None
+        if conditions:
+            self.condition_provider = ConditionProvider(conditions["list"], dim)
         # One extra row per codebook for the special (pattern filler) token.
         self.emb = nn.ModuleList([nn.Embedding(card + 1, dim) for _ in range(codebooks)])
-        self.transformer = Transformer(dim, heads, layers, ffn)
+        self.transformer = Transformer(dim, heads, layers, ffn, cross=self.fuser in ("cross", "cross_unmasked"))
         self.out_norm = nn.LayerNorm(dim, eps=1e-5)
         self.linears = nn.ModuleList([nn.Linear(dim, card, bias=False) for _ in range(codebooks)])
         self.workspace = Workspace()  # fast path only
@@ -280,11 +363,23 @@ class LM(nn.Module):
         x = sum(self.emb[k](seq[:, k]) for k in range(self.codebooks))
         return x + sin_embedding(seq.shape[-1], self.dim, x.dtype)
 
-    def forward(self, seq):
-        """seq [B, K, S] -> logits [B, K, S, C]."""
-        x = self._embed(seq)
+    def forward(self, seq, cond=None):
+        """seq [B, K, S] -> logits [B, K, S, C]; cond: (attributes, embeddings, emb_mask)."""
+        src = src_mask = None
+        if self.fuser is None:
+            x = self._embed(seq)
+        else:
+            c, m = self.condition_provider(*cond)
+            if self.fuser == "sum":
+                # AudioCraft's fuser adds the conditions to the summed token embeddings, before
+                # the transformer adds the positions
+                x = sum(self.emb[k](seq[:, k]) for k in range(self.codebooks)) + c.sum(dim=1, keepdim=True)
+                x = x + sin_embedding(seq.shape[-1], self.dim, x.dtype)
+            else:
+                x = self._embed(seq)
+                src, src_mask = c, (m if self.fuser == "cross" else None)
         for layer in self.transformer.layers:
-            x = layer(x)
+            x = layer(x, src, src_mask)
         x = self.out_norm(x)
         return torch.stack([lin(x) for lin in self.linears], dim=1)
 
@@ -308,10 +403,10 @@ def valid_counts(padding_mask, pattern):
     return (padding_mask & pattern.mask.unsqueeze(0)).sum(dim=(0, 2))
 
 
-def ce_sums_reference(model, codes, padding_mask, pattern):
+def ce_sums_reference(model, codes, padding_mask, pattern, cond=None):
     """Per-codebook sums of cross entropy over valid targets: [K] (differentiable)."""
     seq = pattern.build_sequence(codes, special=model.card)
-    logits, pmask = pattern.revert_logits(model(seq))
+    logits, pmask = pattern.revert_logits(model(seq, cond))
     mask = padding_mask & pmask.unsqueeze(0)
     sums = []
     for k in range(model.codebooks):
@@ -426,11 +521,12 @@ def accumulate(model, microbatches, patterns, loss_norm, fast=False):
     accumulated gradient equals d loss / d params without holding all graphs.
     """
     fn = ce_sums_fast if fast else ce_sums_reference
-    counts = torch.stack([valid_counts(m, p) for (_, m), p in zip(microbatches, patterns)])
+    counts = torch.stack([valid_counts(mb[1], p) for mb, p in zip(microbatches, patterns)])
     w = loss_weights(counts, loss_norm)
     sums = []
-    for m, ((codes, mask), pat) in enumerate(zip(microbatches, patterns)):
-        s = fn(model, codes, mask, pat)
+    for m, (mb, pat) in enumerate(zip(microbatches, patterns)):
+        codes, mask = mb[0], mb[1]
+        s = fn(model, codes, mask, pat, mb[2]) if len(mb) > 2 else fn(model, codes, mask, pat)
         (s * w[m].to(s.dtype)).sum().backward()
         sums.append(s.detach().to(torch.float64))
     sums = torch.stack(sums)  # [M, K]

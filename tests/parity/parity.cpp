@@ -62,9 +62,39 @@ std::vector<float> read_floats(const fs::path& file) {
   return v;
 }
 
-template <class Pattern, class... Policies>
-void check_parity(const std::string& name, const etude::hyper& h, int steps = 3) {
-  using lm = etude::model<tiny, Pattern>;
+// The conditions of a conditioned case: per example, attribute indices (the second example's
+// first attribute null), embeddings and an embedding mask that pads the odd examples.
+template <class Conds>
+void add_conditions(etude::token_batch& b, json& c) {
+  if constexpr (Conds::count > 0) {
+    etude::rng r(77);
+    for (index_t e = 0; e < b.batch; ++e)
+      for (const etude::condition_desc& d : Conds::list)
+        if (d.kind == etude::cond::condition_kind::attribute)
+          b.attributes.push_back(e == 1 && d.slot == 0 ? -1 : static_cast<std::int32_t>(r.below(static_cast<std::uint64_t>(d.values))));
+    b.embeddings.resize(static_cast<std::size_t>(b.batch * Conds::embedding_values));
+    for (auto& x : b.embeddings) x = static_cast<float>(r.uniform(-1.0, 1.0));
+    for (index_t e = 0; e < b.batch; ++e)
+      for (int p = 0; p < Conds::embedding_positions; ++p) b.embedding_mask.push_back(e % 2 == 1 && p >= 2 ? 0 : 1);
+    using fuser = typename Conds::fuser;
+    c["conditions"]["fuser"] = fuser::name;
+    for (const etude::condition_desc& d : Conds::list) {
+      json e = {{"name", d.name}, {"width", d.width}};
+      if (d.kind == etude::cond::condition_kind::attribute) {
+        e["kind"] = "attribute";
+        e["values"] = d.values;
+      } else {
+        e["kind"] = "embedding";
+        e["positions"] = d.positions;
+      }
+      c["conditions"]["list"].push_back(e);
+    }
+  }
+}
+
+template <class Pattern, class Conds, class... Policies>
+void check_conditioned_parity(const std::string& name, const etude::hyper& h, int steps = 3) {
+  using lm = etude::model<tiny, Pattern, Conds>;
   using cfg = etude::train_config<lm, Policies...>;
   using trainer_t = etude::cpu_trainer<cfg>;
   constexpr int micro = cfg::microbatches;
@@ -74,9 +104,10 @@ void check_parity(const std::string& name, const etude::hyper& h, int steps = 3)
 
   trainer_t tr{h};
   const index_t frames = 10, batch = 2 * micro;
-  const auto data = padded_batch(batch, frames);
+  auto data = padded_batch(batch, frames);
 
   json c;
+  add_conditions<Conds>(data, c);
   c["shape"] = {{"codebooks", tiny.codebooks}, {"card", tiny.card}, {"dim", tiny.dim}, {"heads", tiny.heads},
                 {"layers", tiny.layers}, {"ffn", tiny.ffn()}};
   c["pattern"] = pattern_of(Pattern{});
@@ -103,6 +134,11 @@ void check_parity(const std::string& name, const etude::hyper& h, int steps = 3)
   write_raw(dir / "params.f32", flat);
   write_raw(dir / "tokens.i64", std::vector<std::int64_t>(data.tokens.begin(), data.tokens.end()));
   write_raw(dir / "mask.u8", data.mask);
+  if constexpr (Conds::count > 0) {
+    write_raw(dir / "attributes.i32", data.attributes);
+    write_raw(dir / "embeddings.f32", data.embeddings);
+    write_raw(dir / "emb_mask.u8", data.embedding_mask);
+  }
 
   const std::string cmd = std::string(ETUDE_PYTHON) + " " + ETUDE_SOURCE_DIR + "/tests/parity/reference.py " +
                           dir.string() + " 2>&1";
@@ -141,6 +177,11 @@ void check_parity(const std::string& name, const etude::hyper& h, int steps = 3)
     at += static_cast<std::size_t>(p.numel());
   }
   fs::remove_all(dir);
+}
+
+template <class Pattern, class... Policies>
+void check_parity(const std::string& name, const etude::hyper& h, int steps = 3) {
+  check_conditioned_parity<Pattern, etude::no_conditions, Policies...>(name, h, steps);
 }
 
 etude::hyper adam_hyper() {
@@ -183,4 +224,25 @@ TEST_CASE("parity with PyTorch: inverse square root schedule", "[parity]") {
   etude::hyper h = adam_hyper();
   h.warmup_steps = 2;
   check_parity<pat::delay<0, 1, 2, 3>, etude::schedule::inverse_sqrt>("inverse_sqrt", h, 4);
+}
+
+namespace conditioned {
+namespace cond = etude::cond;
+template <class Fuser>
+using key_mode_text = etude::conditions<cond::attribute<"key", 24, 16>, cond::attribute<"mode", 2, 8>,
+                                        cond::embedding<"text", 12, 5>, Fuser>;
+}  // namespace conditioned
+
+TEST_CASE("parity with PyTorch: conditions through cross-attention, padding masked", "[parity]") {
+  check_conditioned_parity<pat::delay<0, 1, 2, 3>, conditioned::key_mode_text<etude::fuse::cross>,
+                           etude::accumulate<2>>("cond_cross", adam_hyper());
+}
+TEST_CASE("parity with PyTorch: conditions through cross-attention without a mask (AudioCraft's)", "[parity]") {
+  check_conditioned_parity<pat::delay<0, 1, 2, 3>, conditioned::key_mode_text<etude::fuse::cross_unmasked>>(
+      "cond_cross_unmasked", adam_hyper());
+}
+TEST_CASE("parity with PyTorch: attributes summed into the input", "[parity]") {
+  using conds = etude::conditions<etude::cond::attribute<"key", 24, 16>, etude::cond::attribute<"mode", 2, 8>,
+                                  etude::fuse::sum>;
+  check_conditioned_parity<pat::delay<0, 1, 2, 3>, conds>("cond_sum", adam_hyper());
 }

@@ -25,7 +25,8 @@ def load_case(case_dir, dtype=torch.float32):
         case = json.load(f)
     shape = case["shape"]
     K, C, D = shape["codebooks"], shape["card"], shape["dim"]
-    model = ref.LM(K, C, D, shape["heads"], shape["layers"], shape.get("ffn", 4 * D)).to(dtype)
+    conds = case.get("conditions")
+    model = ref.LM(K, C, D, shape["heads"], shape["layers"], shape.get("ffn", 4 * D), conds).to(dtype)
 
     # Parameters are matched by name: the file order is the C++ side's order.
     flat = np.fromfile(os.path.join(case_dir, "params.f32"), dtype="<f4")
@@ -47,6 +48,15 @@ def load_case(case_dir, dtype=torch.float32):
     if offset != flat.size:
         raise SystemExit(f"params.f32 has {flat.size} floats, case lists {offset}")
 
+    if conds:
+        # per example: attribute indices (int32, -1 null), embedding values, embedding mask
+        n_attr = sum(1 for c in conds["list"] if c["kind"] == "attribute")
+        n_emb = sum(c["positions"] * c["width"] for c in conds["list"] if c["kind"] == "embedding")
+        n_pos = sum(c["positions"] for c in conds["list"] if c["kind"] == "embedding")
+        attrs = np.fromfile(os.path.join(case_dir, "attributes.i32"), dtype="<i4")
+        embs = np.fromfile(os.path.join(case_dir, "embeddings.f32"), dtype="<f4")
+        emask = np.fromfile(os.path.join(case_dir, "emb_mask.u8"), dtype="u1")
+        ex = 0
     tokens = np.fromfile(os.path.join(case_dir, "tokens.i64"), dtype="<i8")
     masks = np.fromfile(os.path.join(case_dir, "mask.u8"), dtype="u1")
     microbatches, patterns = [], []
@@ -59,7 +69,14 @@ def load_case(case_dir, dtype=torch.float32):
         offset += n
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= C):
             raise SystemExit("tokens outside [0, card)")
-        microbatches.append((codes, mask))
+        if conds:
+            a = torch.from_numpy(attrs[ex * n_attr:(ex + B) * n_attr].astype(np.int64)).view(B, n_attr)
+            e = torch.from_numpy(embs[ex * n_emb:(ex + B) * n_emb].copy()).view(B, n_emb).to(dtype)
+            em = torch.from_numpy(emask[ex * n_pos:(ex + B) * n_pos].copy()).view(B, n_pos).bool()
+            ex += B
+            microbatches.append((codes, mask, (a, e, em)))
+        else:
+            microbatches.append((codes, mask))
         patterns.append(ref.make_pattern(case.get("pattern", {"kind": "delay"}), K, T))
     if offset != tokens.size or offset != masks.size:
         raise SystemExit("tokens.i64 / mask.u8 sizes do not match the microbatch list")
