@@ -28,7 +28,13 @@ TEST_CASE("the configuration is reflected field by field", "[record]") {
   const auto hj = etude::track::reflect(h);
   CHECK(hj["lr"] == 3e-4);
   CHECK(hj["seed"] == 42);
-  CHECK(hj.size() == 15);
+  CHECK(hj.size() == 18);
+  CHECK(hj["condition_dropout_mode"] == "per_sample");
+  // a conditioned model's record names its conditions and fuser
+  using conds = etude::conditions<etude::cond::attribute<"key", 24>, etude::cond::embedding<"text", 384, 64>>;
+  const auto cj = etude::track::describe_config<etude::train_config<etude::model<etude::shape{}, etude::pattern::delay<0, 1, 2, 3>, conds>>>();
+  CHECK(cj["model"]["conditions"] == "conditions<attribute<key, 24, 64>, embedding<text, 384, 64>, fuse::cross>");
+  CHECK_FALSE(j["model"].contains("conditions"));
 }
 
 TEST_CASE("signatures tell configurations apart and diffs name the fields", "[record]") {

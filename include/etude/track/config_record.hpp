@@ -27,6 +27,11 @@ BOOST_HANA_ADAPT_STRUCT(etude::hyper, lr, beta1, beta2, eps, weight_decay, momen
                         min_lr_ratio, clip_norm, seed, loss_scale, scale_growth, scale_backoff, scale_interval,
                         condition_dropout, condition_dropout_mode, attribute_dropout);
 
+namespace etude {
+NLOHMANN_JSON_SERIALIZE_ENUM(hyper::dropout_mode, {{hyper::dropout_mode::per_sample, "per_sample"},
+                                                   {hyper::dropout_mode::per_batch, "per_batch"}})
+}  // namespace etude
+
 namespace etude::track {
 
 using json = nlohmann::ordered_json;
