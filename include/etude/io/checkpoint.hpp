@@ -666,12 +666,6 @@ inline std::string quoted_list(const std::vector<std::string>& names) {
   for (const auto& n : names) s += (s.empty() ? "\"" : ", \"") + n + "\"";
   return s;
 }
-
-inline std::string shape_of(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 }  // namespace detail
 
 // Loads weights saved by save_weights (or by any tool using the same names, F32) into a trainer,
@@ -706,8 +700,8 @@ weight_load_report load_weights(Trainer& t, const std::filesystem::path& file, w
       fits = false;
       const bool transposed = info.shape.size() == 2 && shape.size() == 2 && info.shape[0] == shape[1] &&
                               info.shape[1] == shape[0];
-      problems.push_back("tensor \"" + name + "\": shape " + detail::shape_of(info.shape) + " in the file, the model needs " +
-                         detail::shape_of(shape) +
+      problems.push_back("tensor \"" + name + "\": shape " + detail::shape_text(info.shape) + " in the file, the model needs " +
+                         detail::shape_text(shape) +
                          (transposed ? "; it is transposed: store it as (out_features, in_features), as PyTorch's nn.Linear does"
                                      : "; the file is of another model shape (dim, heads, layers, card or ffn)"));
     }
