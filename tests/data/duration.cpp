@@ -26,6 +26,9 @@ static_assert(data::budget_for<pat::flatten>(30.0, 50.0, 4).steps == 6001);
 static_assert(data::budget_for<pat::coarse_first<>>(30.0, 50.0, 4).steps == 3001);
 static_assert(data::budget_for<pat::musiclm<2>>(30.0, 50.0, 4).steps == 6001);
 static_assert(data::budget_for<pat::grouped<0, 1, 1, 1>>(30.0, 50.0, 4).steps == 3001);
+// AudioCraft's valid steps keep the smallest delay's all-special steps
+static_assert(data::budget_for<pat::delay<1, 2, 3, 4>>(30.0, 50.0, 4).steps == 1502);
+static_assert(data::budget_for<pat::coarse_first<1, 1, 1>>(30.0, 50.0, 4).steps == 3002);
 // per batch
 static_assert(data::budget_for<pat::delay<0, 1, 2, 3>>(30.0, 50.0, 4, 16).codec_tokens == 16 * 6000);
 static_assert(data::budget_for<pat::delay<0, 1, 2, 3>>(30.0, 50.0, 4, 16).positions == 16 * 1501);
@@ -54,6 +57,8 @@ TEST_CASE("docs/sequence-length.md agrees with the calculator", "[duration][docs
       {"`coarse_first<>`", data::budget_for<pat::coarse_first<>>(30.0, 50.0, 4)},
       {"`musiclm<2>`", data::budget_for<pat::musiclm<2>>(30.0, 50.0, 4)},
       {"`grouped<0, 1, 1, 1>`", data::budget_for<pat::grouped<0, 1, 1, 1>>(30.0, 50.0, 4)},
+      {"`delay<1, 2, 3, 4>`", data::budget_for<pat::delay<1, 2, 3, 4>>(30.0, 50.0, 4)},
+      {"`coarse_first<1, 1, 1>`", data::budget_for<pat::coarse_first<1, 1, 1>>(30.0, 50.0, 4)},
   };
   std::ifstream doc(std::string(ETUDE_SOURCE_DIR) + "/docs/sequence-length.md");
   REQUIRE(doc);

@@ -209,6 +209,13 @@ TEST_CASE("parity with PyTorch: coarse-first pattern", "[parity]") {
   check_parity<pat::coarse_first<0, 1, 1>>("coarse_first", adam_hyper());
 }
 TEST_CASE("parity with PyTorch: MusicLM pattern", "[parity]") { check_parity<pat::musiclm<2>>("musiclm", adam_hyper()); }
+// smallest delay above 0: AudioCraft's valid layout keeps the extra all-special steps
+TEST_CASE("parity with PyTorch: delay pattern from delay 1", "[parity]") {
+  check_parity<pat::delay<1, 2, 3, 4>, etude::accumulate<2>>("delay_from_1", adam_hyper());
+}
+TEST_CASE("parity with PyTorch: coarse-first pattern with delays from 1", "[parity]") {
+  check_parity<pat::coarse_first<1, 1, 2>>("coarse_first_from_1", adam_hyper());
+}
 TEST_CASE("parity with PyTorch: mean of means, SGD with Nesterov momentum, linear schedule", "[parity]") {
   etude::hyper h;
   h.lr = 0.05;

@@ -51,6 +51,10 @@ def test_patterns():
              ({"kind": "unroll"}, K * T + 1),
              ({"kind": "coarse_first", "delays": [0, 0, 0]}, 2 * T + 1),
              ({"kind": "coarse_first", "delays": [0, 1, 2]}, 2 * T + 1),
+             # a smallest delay d > 0 keeps d more (all-special) steps
+             ({"kind": "delay", "delays": [1, 2, 3, 4]}, T + 2),
+             ({"kind": "delay", "delays": [2, 2, 2, 2]}, T + 3),
+             ({"kind": "coarse_first", "delays": [1, 1, 1]}, 2 * T + 2),
              ({"kind": "musiclm", "group_by": 2}, K * T + 1)]
     for spec, S in cases:
         p = ref.make_pattern(spec, K, T)

@@ -3,6 +3,8 @@
 // retention keeps what it promises, asynchronous saves write what a synchronous one would.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <sys/resource.h>
@@ -187,6 +189,229 @@ TEST_CASE("weights-only files load into a fresh run for fine-tuning", "[checkpoi
   using bigger = etude::model<etude::shape{.codebooks = 4, .card = 32, .dim = 64, .heads = 2, .layers = 2, .max_len = 64}>;
   etude::cpu_trainer<etude::train_config<bigger>> wrong{h};
   CHECK_THROWS_AS(etude::io::load_weights(wrong, dir.path() / "weights.safetensors"), etude::error);
+}
+
+namespace {
+
+// A weights file written tensor by tensor from a trainer, to be spoiled on purpose: each test
+// edits the list (shape, dtype, names, values) before writing it.
+struct weight_entry {
+  std::string name;
+  std::vector<float> values;
+  std::vector<std::uint64_t> shape;
+  std::vector<double> as_f64;  // written as F64 instead of F32 when not empty
+};
+
+template <class T>
+std::vector<weight_entry> weight_entries(const T& t) {
+  std::vector<weight_entry> out;
+  for (const etude::param_desc& p : T::params::entries) {
+    const auto v = t.tensor(p);
+    out.push_back({etude::param_name(p), {v.begin(), v.end()},
+                   p.is_vector() ? std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.cols)}
+                                 : std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.rows),
+                                                              static_cast<std::uint64_t>(p.cols)},
+                   {}});
+  }
+  return out;
+}
+
+void write_weights(const fs::path& file, const std::vector<weight_entry>& entries) {
+  etude::io::safetensors_writer w;
+  for (const auto& e : entries)
+    if (e.as_f64.empty()) w.add(e.name, e.values, e.shape);
+    else w.add(e.name, e.as_f64, e.shape);
+  w.write(file);
+}
+
+weight_entry& entry_named(std::vector<weight_entry>& entries, const std::string& name) {
+  for (auto& e : entries)
+    if (e.name == name) return e;
+  FAIL("no entry " << name);
+  return entries.front();
+}
+
+// Everything a refused load must leave as it was.
+struct held_state {
+  std::vector<float> params, state0;
+  long steps = 0;
+  template <class T>
+  explicit held_state(const T& t)
+      : params(t.parameters().begin(), t.parameters().end()),
+        state0(t.optimizer_state(0).begin(), t.optimizer_state(0).end()),
+        steps(t.steps_done()) {}
+  bool operator==(const held_state& o) const {
+    return steps == o.steps && same_bits(params, o.params) && same_bits(state0, o.state0);
+  }
+};
+
+// The refusal's message, after checking it is a weights_mismatch and the trainer is unchanged.
+template <class T>
+std::string refusal(T& t, const fs::path& file, etude::io::weight_load options = {}) {
+  const held_state before(t);
+  std::string what;
+  try {
+    (void)etude::io::load_weights(t, file, options);
+  } catch (const etude::io::weights_mismatch& e) {
+    what = e.what();
+  }
+  CHECK_FALSE(what.empty());
+  CHECK(held_state(t) == before);
+  CHECK(what.find(file.string()) != std::string::npos);
+  return what;
+}
+
+bool mentions(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("load_weights reports a full load; the round trip is bit-exact", "[checkpoint][weights]") {
+  etude::test::scratch_dir dir;
+  trainer_t t{hyper()};
+  t.step(batch_for(0));
+  etude::io::save_weights(t, dir.path() / "w.safetensors");
+  trainer_t fresh{hyper()};
+  const auto report = etude::io::load_weights(fresh, dir.path() / "w.safetensors");
+  CHECK(same_bits(fresh.parameters(), t.parameters()));
+  CHECK(report.loaded.size() == trainer_t::params::count);
+  CHECK(report.loaded.front() == "emb.0.weight");
+  CHECK(report.kept.empty());
+  CHECK(report.skipped.empty());
+  // a file written tensor by tensor with the same names, shapes and values loads the same bits
+  write_weights(dir.path() / "own.safetensors", weight_entries(t));
+  trainer_t again{hyper()};
+  (void)etude::io::load_weights(again, dir.path() / "own.safetensors");
+  CHECK(same_bits(again.parameters(), t.parameters()));
+}
+
+TEST_CASE("load_weights refuses a file that does not fit, and changes nothing", "[checkpoint][weights]") {
+  etude::test::scratch_dir dir;
+  trainer_t source{hyper()};
+  source.step(batch_for(0));
+  trainer_t t{hyper()};
+  t.step(batch_for(1));  // a trainer with state of its own, which a refusal must keep
+  const fs::path file = dir.path() / "w.safetensors";
+  const std::string linear1 = "transformer.layers.1.linear1.weight";
+
+  SECTION("a transposed matrix (same element count)") {
+    auto e = weight_entries(source);
+    auto& w = entry_named(e, linear1);
+    const auto rows = w.shape[0], cols = w.shape[1];
+    std::vector<float> tr(w.values.size());
+    for (std::uint64_t r = 0; r < rows; ++r)
+      for (std::uint64_t c = 0; c < cols; ++c) tr[c * rows + r] = w.values[r * cols + c];
+    w.values = tr;
+    w.shape = {cols, rows};
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "\"" + linear1 + "\": shape [32, 128] in the file, the model needs [128, 32]"));
+    CHECK(mentions(what, "transposed"));
+  }
+  SECTION("a vector stored as a [1, n] matrix") {
+    auto e = weight_entries(source);
+    entry_named(e, "out_norm.weight").shape = {1, 32};
+    write_weights(file, e);
+    CHECK(mentions(refusal(t, file), "\"out_norm.weight\": shape [1, 32] in the file, the model needs [32]"));
+  }
+  SECTION("another dtype (F64), even where every value would convert") {
+    auto e = weight_entries(source);
+    auto& w = entry_named(e, "emb.2.weight");
+    w.as_f64.assign(w.values.begin(), w.values.end());
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "\"emb.2.weight\": dtype F64 in the file, the model's weights are F32"));
+    // allowing missing or unknown tensors does not relax dtypes
+    CHECK(mentions(refusal(t, file, {.allow_missing = true, .allow_unknown = true}), "dtype F64"));
+  }
+  SECTION("a tensor the model does not have") {
+    auto e = weight_entries(source);
+    e.push_back({"transformer.layers.0.cross_attention.out_proj.weight", std::vector<float>(32 * 32, 0.5f), {32, 32}, {}});
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "1 tensor(s) of the file are not in the model: \"transformer.layers.0.cross_attention.out_proj.weight\""));
+    CHECK(mentions(what, "allow_unknown = true"));
+    // allowed: skipped and reported, the rest loaded
+    const auto report = etude::io::load_weights(t, file, {.allow_unknown = true});
+    CHECK(same_bits(t.parameters(), source.parameters()));
+    CHECK(report.skipped == std::vector<std::string>{"transformer.layers.0.cross_attention.out_proj.weight"});
+    CHECK(report.loaded.size() == trainer_t::params::count);
+  }
+  SECTION("tensors the model needs are missing: all are named") {
+    auto e = weight_entries(source);
+    std::erase_if(e, [](const weight_entry& w) { return w.name == "linears.3.weight" || w.name == "out_norm.bias"; });
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "2 tensor(s) of the model are not in the file: \"out_norm.bias\", \"linears.3.weight\""));
+    CHECK(mentions(what, "allow_missing = true"));
+  }
+  SECTION("a value that is not finite") {
+    auto e = weight_entries(source);
+    entry_named(e, linear1).values[5] = std::numeric_limits<float>::quiet_NaN();
+    entry_named(e, "emb.0.weight").values[0] = std::numeric_limits<float>::infinity();
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "\"" + linear1 + "\": 1 of 4096 values are not finite (the first, element 5, is nan)"));
+    CHECK(mentions(what, "\"emb.0.weight\": 1 of"));
+    CHECK(mentions(refusal(t, file, {.allow_missing = true}), "not finite"));
+  }
+  SECTION("every problem in one message") {
+    auto e = weight_entries(source);
+    entry_named(e, linear1).shape = {32, 128};
+    entry_named(e, "emb.1.weight").values[3] = std::numeric_limits<float>::quiet_NaN();
+    std::erase_if(e, [](const weight_entry& w) { return w.name == "linears.0.weight"; });
+    e.push_back({"extra", std::vector<float>(4, 0.0f), {4}, {}});
+    write_weights(file, e);
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "4 problem(s)"));
+    CHECK(mentions(what, linear1));
+    CHECK(mentions(what, "\"emb.1.weight\""));
+    CHECK(mentions(what, "\"linears.0.weight\""));
+    CHECK(mentions(what, "\"extra\""));
+  }
+  SECTION("Hugging Face names are pointed at io/hf_names.hpp") {
+    write_weights(file, {{"model.decoder.layer_norm.weight", std::vector<float>(32, 1.0f), {32}, {}}});
+    const auto what = refusal(t, file);
+    CHECK(mentions(what, "Hugging Face"));
+    CHECK(mentions(what, "from_hf"));
+    CHECK(mentions(refusal(t, file, {.allow_missing = true, .allow_unknown = true}), "no tensor of the file is one of the model's"));
+  }
+}
+
+TEST_CASE("a partial load fills a larger model and reports what kept its initialisation", "[checkpoint][weights]") {
+  etude::test::scratch_dir dir;
+  // the smaller model: one layer fewer, the same embeddings, heads and layer 0
+  constexpr etude::shape small_shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 1, .max_len = 64};
+  using small_t = etude::cpu_trainer<etude::train_config<etude::model<small_shape>>>;
+  small_t small{hyper()};
+  small.step(batch_for(0));
+  etude::io::save_weights(small, dir.path() / "small.safetensors");
+
+  trainer_t big{hyper()};
+  const held_state init(big);
+  const auto what = refusal(big, dir.path() / "small.safetensors");
+  CHECK(mentions(what, "8 tensor(s) of the model are not in the file: \"transformer.layers.1.norm1.weight\""));
+
+  const auto report = etude::io::load_weights(big, dir.path() / "small.safetensors", {.allow_missing = true});
+  CHECK(report.loaded.size() == small_t::params::count);
+  REQUIRE(report.kept.size() == 8);
+  for (const auto& name : report.kept) CHECK(name.starts_with("transformer.layers.1."));
+  CHECK(report.skipped.empty());
+  for (const etude::param_desc& p : trainer_t::params::entries) {
+    const std::string name = etude::param_name(p);
+    INFO(name);
+    const auto now = big.tensor(p);
+    if (p.layer == 1) {
+      const std::span<const float> was(init.params.data() + p.offset, static_cast<std::size_t>(p.numel()));
+      CHECK(same_bits(now, was));  // kept at its initialisation
+    } else {
+      const auto q = std::find_if(small_t::params::entries.begin(), small_t::params::entries.end(),
+                                  [&](const etude::param_desc& d) { return etude::param_name(d) == name; });
+      REQUIRE(q != small_t::params::entries.end());
+      CHECK(same_bits(now, small.tensor(*q)));
+    }
+  }
+  CHECK(big.steps_done() == 0);
+  CHECK(std::isfinite(big.step(batch_for(1)).ce));  // and it trains
 }
 
 TEST_CASE("a failed write (file size limit as a full disk) leaves the previous checkpoint intact", "[checkpoint]") {

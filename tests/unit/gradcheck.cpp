@@ -90,6 +90,12 @@ TEST_CASE("gradients: flatten pattern", "[gradcheck]") { check_all_gradients<pat
 TEST_CASE("gradients: grouped pattern", "[gradcheck]") { check_all_gradients<pat::grouped<0, 1, 1, 1>>(); }
 TEST_CASE("gradients: coarse-first pattern", "[gradcheck]") { check_all_gradients<pat::coarse_first<0, 1, 1>>(); }
 TEST_CASE("gradients: MusicLM pattern", "[gradcheck]") { check_all_gradients<pat::musiclm<2>>(2, 4); }
+// smallest delay above 0: all-special steps after step 0 whose logits predict nothing
+TEST_CASE("gradients: delay pattern starting at delay 1", "[gradcheck]") { check_all_gradients<pat::delay<1, 2, 3, 4>>(2, 6); }
+TEST_CASE("gradients: equal non-zero delays", "[gradcheck]") { check_all_gradients<pat::delay<2, 2, 2, 2>>(); }
+TEST_CASE("gradients: coarse-first pattern with delays from 1", "[gradcheck]") {
+  check_all_gradients<pat::coarse_first<1, 1, 1>>();
+}
 TEST_CASE("gradients: accumulated microbatches, token normalisation", "[gradcheck]") {
   check_all_gradients<pat::delay<0, 1, 2, 3>, etude::accumulate<2>>(4, 5);
 }

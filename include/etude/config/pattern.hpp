@@ -45,13 +45,24 @@ constexpr int max_of() {
   return m;
 }
 template <int... V>
+constexpr int min_of() {  // 0 for an empty list, like max_of
+  constexpr std::array<int, sizeof...(V)> v{V...};
+  int m = v.empty() ? 0 : v[0];
+  for (int x : v) m = x < m ? x : m;
+  return m;
+}
+template <int... V>
 constexpr bool all_non_negative() {
   return ((V >= 0) && ...);
 }
 }  // namespace detail
 
-// MusicGen's default: codebook q is shifted right by Delays[q] frames. delay<0, 1, 2, 3> trains
-// on S = T + 1 steps; the trailing max-delay steps of the full layout are never trained.
+// MusicGen's default: codebook q is shifted right by Delays[q] frames. AudioCraft's layout
+// (DelayedPatternProvider) has 1 + T + max_delay steps, of which training keeps the "valid" ones:
+// it drops as many trailing steps as the last coordinate reaches past frame T - 1, which is
+// max_delay - min_delay. So S = T + 1 + min_delay: delay<0, 1, 2, 3> trains on T + 1 steps,
+// delay<1, 2, 3, 4> and delay<1, 1, 1, 1> on T + 2 (their first min_delay steps after step 0
+// hold only special tokens, as in AudioCraft).
 template <int... Delays>
 struct delay {
   static_assert(sizeof...(Delays) > 0, "pattern::delay needs one delay per codebook, e.g. delay<0, 1, 2, 3>");
@@ -59,9 +70,10 @@ struct delay {
   static constexpr int codebooks = sizeof...(Delays);
   static constexpr std::array<int, sizeof...(Delays)> delays{Delays...};
   static constexpr int max_delay = detail::max_of<Delays...>();
+  static constexpr int min_delay = detail::min_of<Delays...>();
 
   static constexpr bool accepts(int k) { return k == codebooks; }
-  static constexpr index_t steps(int /*k*/, index_t t) { return t + 1; }
+  static constexpr index_t steps(int /*k*/, index_t t) { return t + 1 + min_delay; }
   static std::string describe() { return detail::list<Delays...>("delay"); }
 
   static layout_t layout(int k, index_t t) {
@@ -143,7 +155,9 @@ struct flatten {
 };
 
 // Coarse first: all frames of codebook 0, then the other codebooks together, codebook q + 1
-// delayed by Delays[q] (K - 1 non-decreasing delays; none given means all zero). S = 2T + 1.
+// delayed by Delays[q] (K - 1 non-decreasing delays; none given means all zero). As for delay,
+// training keeps AudioCraft's valid steps: S = 2T + 1 + the smallest delay (2T + 1 for
+// coarse_first<> and coarse_first<0, 1, 2>, 2T + 2 for coarse_first<1, 1, 1>).
 template <int... Delays>
 struct coarse_first {
   static_assert(detail::all_non_negative<Delays...>(), "pattern::coarse_first: every delay must be >= 0");
@@ -156,9 +170,10 @@ struct coarse_first {
   static_assert(sorted(), "pattern::coarse_first: delays must be non-decreasing");
   static constexpr int codebooks = sizeof...(Delays) == 0 ? 0 : static_cast<int>(sizeof...(Delays)) + 1;
   static constexpr int max_delay = detail::max_of<Delays...>();
+  static constexpr int min_delay = detail::min_of<Delays...>();
 
   static constexpr bool accepts(int k) { return codebooks == 0 ? k > 0 : k == codebooks; }
-  static constexpr index_t steps(int /*k*/, index_t t) { return 2 * t + 1; }
+  static constexpr index_t steps(int /*k*/, index_t t) { return 2 * t + 1 + min_delay; }
   static std::string describe() { return detail::list<Delays...>("coarse_first"); }
   static layout_t layout(int k, index_t t) {
     constexpr std::array<int, sizeof...(Delays) + 1> given{Delays..., 0};
