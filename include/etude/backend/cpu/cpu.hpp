@@ -20,6 +20,7 @@
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/backend/cpu/embedding.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/kv_cache.hpp"
 #include "etude/backend/cpu/layernorm.hpp"
 #include "etude/backend/cpu/reduce.hpp"
 #include "etude/backend/cpu/sgd.hpp"
@@ -34,6 +35,7 @@ struct cpu : cpu_gemm,
              cpu_embedding,
              cpu_layernorm,
              cpu_attention,
+             cpu_kv_cache,
              cpu_softmax_xent,
              cpu_reduce,
              cpu_adamw,
