@@ -11,6 +11,11 @@
 
 #include <etude/etude.hpp>
 #include <etude/generate/generator.hpp>
+#include <etude/generate/load.hpp>
+#include <etude/io/checkpoint.hpp>
+
+#include <filesystem>
+#include <unistd.h>
 
 namespace {
 
@@ -365,4 +370,33 @@ TEST_CASE("generation refuses bad input, naming the field", "[generate]") {
   has(error_of([&] { run(g, secs); }), "frame_rate");
   // weights of another model
   has(error_of([] { delay_gen(std::vector<float>(10)); }), "weights of another model");
+}
+
+TEST_CASE("generators from a trainer, a weights file and a checkpoint sample the same tokens", "[generate]") {
+  using cfg = etude::train_config<delay_lm, etude::schedule::cosine>;
+  etude::hyper h;
+  h.lr = 1e-2;
+  etude::cpu_trainer<cfg> t{h};
+  etude::token_batch batch(4, tiny.codebooks, 16);
+  etude::rng r(2);
+  for (auto& v : batch.tokens) v = static_cast<etude::token_t>(r.below(tiny.card));
+  for (int i = 0; i < 3; ++i) t.step(batch);
+  const auto dir = std::filesystem::temp_directory_path() / ("etude_generate_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  etude::io::save_weights(t, dir / "weights.safetensors");
+  {
+    etude::io::checkpoint_manager m(dir / "ckpt");
+    m.save(t, {});
+  }
+  const auto o = opts(2, 14, 5);
+  const auto want = etude::make_generator(t).generate(o);
+  CHECK(etude::generator_from_weights<cfg>(dir / "weights.safetensors").generate(o).tokens == want.tokens);
+  CHECK(etude::generator_from_checkpoint<cfg>(dir / "ckpt").generate(o).tokens == want.tokens);
+  // another model's checkpoint is refused, naming the difference
+  using other = etude::train_config<etude::model<tiny, etude::pattern::flatten>, etude::schedule::cosine>;
+  CHECK(error_of([&] { etude::generator_from_checkpoint<other>(dir / "ckpt"); }).find("another configuration") !=
+        std::string::npos);
+  CHECK(error_of([&] { etude::generator_from_checkpoint<cfg>(dir); }).find("no checkpoint") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
