@@ -7,6 +7,7 @@
 //   ops/layernorm.hpp (layernorm_fwd/bwd, residual_layernorm_fwd)
 //   ops/attention.hpp (attention_scratch, attention_fwd/bwd)
 //   ops/cross_attention.hpp, ops/condition.hpp (conditioned models only: condition_op_set)
+//   ops/kv_cache.hpp (kv_append, cached_attention_scratch, cached_attention: decoding)
 //   ops/softmax_xent.hpp    ops/reduce.hpp (sum_squares, all_finite)
 //   ops/adamw.hpp, ops/sgd.hpp (the updates and their checks)
 //   ops/step_control.hpp (step_control, clear_unless)
@@ -32,6 +33,7 @@
 #include "etude/ops/elementwise.hpp"
 #include "etude/ops/embedding.hpp"
 #include "etude/ops/gemm.hpp"
+#include "etude/ops/kv_cache.hpp"
 #include "etude/ops/layernorm.hpp"
 #include "etude/ops/reduce.hpp"
 #include "etude/ops/sgd.hpp"
@@ -43,7 +45,7 @@ namespace etude {
 template <class B, class Policy>
 concept backend_op_set =
     ops::gemm_op<B, Policy> && ops::elementwise_op<B, Policy> && ops::embedding_op<B, Policy> &&
-    ops::layernorm_op<B, Policy> && ops::attention_op<B, Policy> && ops::softmax_xent_op<B, Policy> &&
+    ops::layernorm_op<B, Policy> && ops::attention_op<B, Policy> && ops::kv_cache_op<B, Policy> && ops::softmax_xent_op<B, Policy> &&
     ops::reduce_op<B, Policy> && ops::adamw_op<B, Policy> && ops::sgd_op<B, Policy> &&
     requires(const step_limits* limits, const double* losses, step_decision* decision, typename Policy::grad_t* g,
              const int* keep, index_t n, int k) {

@@ -22,6 +22,7 @@
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/backend/cpu/embedding.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/kv_cache.hpp"
 #include "etude/backend/cpu/layernorm.hpp"
 #include "etude/backend/cpu/reduce.hpp"
 #include "etude/backend/cpu/sgd.hpp"
@@ -38,6 +39,7 @@ struct cpu : cpu_gemm,
              cpu_attention,
              cpu_cross_attention,
              cpu_condition,
+             cpu_kv_cache,
              cpu_softmax_xent,
              cpu_reduce,
              cpu_adamw,

@@ -28,6 +28,7 @@
 #include "etude/backend/cuda/elementwise.cuh"
 #include "etude/backend/cuda/embedding.cuh"
 #include "etude/backend/cuda/gemm.cuh"
+#include "etude/backend/cuda/kv_cache.cuh"
 #include "etude/backend/cuda/layernorm.cuh"
 #include "etude/backend/cuda/adamw.cuh"
 #include "etude/backend/cuda/sgd.cuh"
@@ -161,6 +162,21 @@ struct cuda {
   static void attention_bwd(A* dqkv, const A* datt, const A* att, const A* qkv, const float* lse, index_t batch,
                             index_t steps, int heads, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
     ::etude::cuda::attention_bwd<HeadDim>(dqkv, datt, att, qkv, lse, batch, steps, heads);
+  }
+
+  // ---- key/value cache (decoding: generate/decoder.hpp) ------------------------------------------------
+  template <class C, class A>
+  static void kv_append(C* cache, const A* qkv, index_t batch, index_t n, index_t at, index_t max_steps, index_t dim) {
+    ::etude::cuda::kv_append(cache, qkv, batch, n, at, max_steps, dim);
+  }
+  // The kernel keeps its partial sums in registers and shared memory: no scratch.
+  static constexpr index_t cached_attention_scratch(index_t /*max_steps*/, int /*heads*/ = 0, int /*threads*/ = 1) {
+    return 0;
+  }
+  template <int HeadDim, class A, class C>
+  static void cached_attention(A* att, const A* qkv, const C* cache, index_t batch, index_t len, index_t max_steps,
+                               int heads, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    ::etude::cuda::cached_attention<HeadDim>(att, qkv, cache, batch, len, max_steps, heads);
   }
 
   // ---- GELU ----------------------------------------------------------------------------------------------

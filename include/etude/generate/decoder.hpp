@@ -1,0 +1,226 @@
+// The incremental forward pass of a trained LM with a key/value cache: a prefill of the first n
+// pattern steps of every sequence in one batched pass (the backend's causal attention_fwd over
+// the whole prompt, each layer's k and v appended to the cache), then one step at a time (the
+// step's K tokens embedded at its position, each layer's new k and v appended, the new query
+// attending over the cache: ops/kv_cache.hpp), and the K heads' logits of the last positions.
+// Written once against the op set, like model/transformer.hpp, and computing what its forward
+// computes (the same ops in the same order: the residual kept in the products with beta 1), so the
+// cached logits match a full forward's to rounding. It reads the parameter table; it owns a copy
+// of the weights, the cache and its work buffers in the backend's memory (a decode_memory plan).
+// Not for: sampling or patterns (generate/generator.hpp), training, host files.
+#pragma once
+
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "etude/config/precision.hpp"
+#include "etude/core/dtype.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+#include "etude/model/params.hpp"
+#include "etude/ops/op_set.hpp"
+#include "etude/ops/step_executor.hpp"
+
+namespace etude {
+
+// Memory of a decoder, in bytes, as the plan lays it out on the backend's device.
+struct decode_memory {
+  index_t weights = 0;    // the working copy of the parameters
+  index_t cache = 0;      // rows × layers × max_steps × 2D in the activation dtype
+  index_t work = 0;       // one pass's activations for rows × prefill_steps positions, logits, scratch
+  index_t positions = 0;  // (max_steps, D) sinusoid in the compute type
+  index_t total() const { return weights + cache + work + positions; }
+};
+
+template <class Model, class Backend, class Policy = precision::fp32>
+class decoder {
+ public:
+  using params = typename Model::params;
+  using W = typename Policy::param_t;
+  using A = typename Policy::activation_t;
+  using F = typename Policy::compute_t;
+  using executor = step_executor<Backend>;
+  static constexpr shape S = Model::shape;
+  static constexpr int K = S.codebooks, H = S.heads, L = S.layers;
+  static constexpr index_t D = S.dim, FF = S.ffn(), C = S.card, P = params::total_elements;
+
+  // rows: sequences decoded together (a guided batch counts its null rows); max_steps: positions
+  // the cache holds; prefill_steps: the most positions one prefill() takes.
+  static decode_memory plan(index_t rows, index_t max_steps, index_t prefill_steps) {
+    const index_t a = sizeof(A), f = sizeof(F), r = rows * prefill_steps;
+    decode_memory m;
+    m.weights = P * static_cast<index_t>(sizeof(W));
+    m.cache = rows * L * max_steps * 2 * D * a;
+    m.work = r * (6 * D + 2 * FF + C) * a + r * (2 + H) * f + rows * K * prefill_steps * 4 +
+             (attention_values(prefill_steps) + cached_values(max_steps)) * f + gemm_bytes();
+    m.positions = max_steps * D * f;
+    return m;
+  }
+
+  decoder(std::span<const W> weights, index_t rows, index_t max_steps, index_t prefill_steps, int device = -1)
+      : exec_(device), rows_(rows), max_steps_(max_steps), prefill_steps_(prefill_steps) {
+    static_assert(backend_op_set<Backend, Policy>,
+                  "the backend does not implement etude's op set for this precision policy (see ops/op_set.hpp)");
+    if (weights.size() != static_cast<std::size_t>(P))
+      throw invalid_input("decoder: " + std::to_string(weights.size()) + " weights given, the model has " +
+                          std::to_string(P) + " (its parameter table's flat size): weights of another model");
+    if (rows < 1 || max_steps < 1 || prefill_steps < 1 || prefill_steps > max_steps)
+      throw invalid_argument("decoder: need rows >= 1 and 1 <= prefill_steps <= max_steps (got rows " +
+                             std::to_string(rows) + ", max_steps " + std::to_string(max_steps) + ", prefill_steps " +
+                             std::to_string(prefill_steps) + ")");
+    [[maybe_unused]] const auto guard = exec_.enter();
+    const index_t r = rows * prefill_steps;
+    w_ = buf<W>(P);
+    exec_.upload(w_.data(), weights.data(), P);
+    cache_ = buf<A>(rows * L * max_steps * 2 * D);
+    pos_ = buf<F>(max_steps * D);
+    Backend::sinusoid(pos_.data(), max_steps, D);
+    seq_ = buf<token_t>(rows * K * prefill_steps);
+    x_ = buf<A>(r * D);
+    ln_ = buf<A>(r * D);
+    qkv_ = buf<A>(r * 3 * D);
+    att_ = buf<A>(r * D);
+    pre_ = buf<A>(r * FF);
+    act_ = buf<A>(r * FF);
+    logits_ = buf<A>(r * C);
+    mean_ = buf<F>(r);
+    rstd_ = buf<F>(r);
+    lse_ = buf<F>(r * H);
+    att_scratch_ = buf<F>(std::max<index_t>(1, attention_values(prefill_steps)));
+    cached_scratch_ = buf<F>(std::max<index_t>(1, cached_values(max_steps)));
+    gemm_ws_ = buf<float>(std::max<index_t>(1, gemm_bytes() / 4));
+    host_logits_.resize(static_cast<std::size_t>(r * C));
+  }
+
+  index_t rows() const { return rows_; }
+  index_t max_steps() const { return max_steps_; }
+  index_t length() const { return len_; }  // positions in the cache
+  decode_memory memory() const { return plan(rows_, max_steps_, prefill_steps_); }
+  void reset() { len_ = 0; last_ = 0; }
+
+  // The first n steps of every sequence, seq (rows, K, n) in host memory, in one batched pass
+  // (the cache must be empty: reset() first).
+  void prefill(const token_t* seq, index_t n) {
+    if (len_ != 0) throw error("decoder::prefill: the cache already holds " + std::to_string(len_) + " steps; reset() first");
+    if (n < 1 || n > prefill_steps_)
+      throw invalid_argument("decoder::prefill: " + std::to_string(n) + " steps, this decoder prefills 1 .. " +
+                             std::to_string(prefill_steps_));
+    run(seq, n);
+  }
+
+  // One more step of every sequence, seq (rows, K) in host memory.
+  void step(const token_t* seq) {
+    if (len_ == 0) throw error("decoder::step: nothing prefilled yet; call prefill() with at least step 0");
+    if (len_ >= max_steps_)
+      throw invalid_argument("decoder::step: the cache is full (" + std::to_string(max_steps_) + " steps)");
+    run(seq, 1);
+  }
+
+  // Codebook k's logits at every position of the last prefill() or step(): out (rows, n, C), host.
+  void logits(int k, float* out) { heads(k, out, false); }
+  // Codebook k's logits at each sequence's last position only: out (rows, C), host.
+  void last_logits(int k, float* out) { heads(k, out, true); }
+
+ private:
+  template <class T>
+  using buf = typename executor::template buffer<T>;
+
+  static int threads() {
+    if constexpr (requires { Backend::threads(); }) return Backend::threads();
+    else return 1;
+  }
+  static index_t attention_values(index_t steps) {
+    return Backend::attention_scratch(steps, S.head_dim(), !std::is_same_v<A, F>, threads());
+  }
+  static index_t cached_values(index_t max_steps) { return Backend::cached_attention_scratch(max_steps, H, threads()); }
+  static index_t gemm_bytes() { return Backend::template gemm_workspace_bytes<Policy>(); }
+
+  const W* param(param_kind kind, int layer = -1, int codebook = -1) const {
+    return w_.data() + params::at(kind, layer, codebook).offset;
+  }
+  template <class TA, class TB, class TC>
+  void mm(index_t m, index_t n, index_t k, const TA* a, index_t lda, const TB* b, index_t ldb, double beta, TC* c,
+          index_t ldc) {
+    Backend::gemm(false, true, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc, gemm_ws_.data());
+  }
+
+  // n new steps at positions len_ .. len_ + n − 1; leaves the final LayerNorm's rows in ln_.
+  void run(const token_t* seq, index_t n) {
+    [[maybe_unused]] const auto guard = exec_.enter();
+    for (index_t i = 0; i < rows_ * K * n; ++i)
+      if (seq[i] < 0 || seq[i] > C)
+        throw invalid_input("decoder: token " + std::to_string(seq[i]) + " outside [0, " + std::to_string(C) +
+                            "] (the codebook's entries and the special token " + std::to_string(C) + ")");
+    const index_t at = len_, r = rows_ * n;
+    exec_.upload(seq_.data(), seq, rows_ * K * n);
+    const W* tables[K];
+    for (int k = 0; k < K; ++k) tables[k] = param(param_kind::embedding, -1, k);
+    A* x = x_.data();  // (rows·n, D) the residual stream
+    A* ln = ln_.data();
+    A* qkv = qkv_.data();
+    Backend::embedding_fwd(x, seq_.data(), tables, pos_.data() + at * D, rows_, K, n, D);
+    for (int l = 0; l < L; ++l) {
+      A* cache = cache_.data() + static_cast<index_t>(l) * rows_ * max_steps_ * 2 * D;  // (rows, M, 2D)
+      Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::norm1_weight, l),
+                             param(param_kind::norm1_bias, l), r, D);
+      mm(r, 3 * D, D, ln, D, param(param_kind::qkv, l), D, 0.0, qkv, 3 * D);
+      Backend::kv_append(cache, qkv, rows_, n, at, max_steps_, D);
+      if (at == 0) {
+        // the prompt's own keys: exactly the training forward's causal attention
+        Backend::template attention_fwd<S.head_dim()>(att_.data(), lse_.data(), qkv, rows_, n, H, att_scratch_.data(),
+                                                      static_cast<index_t>(att_scratch_.size()));
+      } else {
+        Backend::template cached_attention<S.head_dim()>(att_.data(), qkv, cache, rows_, at + 1, max_steps_, H,
+                                                         cached_scratch_.data(),
+                                                         static_cast<index_t>(cached_scratch_.size()));
+      }
+      mm(r, D, D, att_.data(), D, param(param_kind::out_proj, l), D, 1.0, x, D);
+      // (a conditioned model's cross-attention goes here, between self-attention and the FFN, as
+      // in AudioCraft's layer; generate/conditions.hpp)
+      Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::norm2_weight, l),
+                             param(param_kind::norm2_bias, l), r, D);
+      mm(r, FF, D, ln, D, param(param_kind::ffn_up, l), D, 0.0, pre_.data(), FF);
+      Backend::gelu_fwd(act_.data(), pre_.data(), r * FF);
+      mm(r, D, FF, act_.data(), FF, param(param_kind::ffn_down, l), FF, 1.0, x, D);
+    }
+    Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::out_norm_weight),
+                           param(param_kind::out_norm_bias), r, D);
+    len_ += n;
+    last_ = n;
+  }
+
+  void heads(int k, float* out, bool last_only) {
+    if (last_ == 0) throw error("decoder::logits: nothing decoded yet");
+    if (k < 0 || k >= K)
+      throw invalid_argument("decoder::logits: codebook " + std::to_string(k) + " outside 0 .. " + std::to_string(K - 1));
+    [[maybe_unused]] const auto guard = exec_.enter();
+    // last_only: each sequence's row n − 1, one product with the rows n·D apart
+    const index_t m = last_only ? rows_ : rows_ * last_;
+    const A* lnf = ln_.data() + (last_only ? (last_ - 1) * D : 0);
+    mm(m, C, D, lnf, last_only ? last_ * D : D, param(param_kind::head, -1, k), D, 0.0, logits_.data(), C);
+    exec_.download(host_logits_.data(), logits_.data(), m * C);
+    for (index_t i = 0; i < m * C; ++i) out[i] = static_cast<float>(host_logits_[static_cast<std::size_t>(i)]);
+  }
+
+  executor exec_;
+  index_t rows_, max_steps_, prefill_steps_;
+  index_t len_ = 0;   // positions cached
+  index_t last_ = 0;  // positions of the last pass
+  buf<W> w_;
+  buf<A> cache_;       // (L, rows, M, 2D): each position's k then v
+  buf<F> pos_;         // (M, D)
+  buf<token_t> seq_;   // (rows, K, n)
+  buf<A> x_, ln_, att_;  // (rows·n, D)
+  buf<A> qkv_;           // (rows·n, 3D)
+  buf<A> pre_, act_;     // (rows·n, FF)
+  buf<A> logits_;        // (rows·n, C)
+  buf<F> mean_, rstd_;   // (rows·n)
+  buf<F> lse_;           // (rows·n, H)
+  buf<F> att_scratch_, cached_scratch_;
+  buf<float> gemm_ws_;
+  std::vector<A> host_logits_;
+};
+
+}  // namespace etude

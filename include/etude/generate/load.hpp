@@ -1,0 +1,99 @@
+// Host-side sources of a generator: a weights file (io::save_weights' safetensors) or a resumable
+// checkpoint (a ckpt-<step>.safetensors file, or a run's checkpoint directory, whose newest
+// checkpoint that verifies is taken). Both load into a CPU trainer of the configuration, the
+// weights the passes read are taken from it, and a CPU generator is built on them. A checkpoint
+// must have been written by the same configuration (model, precision, policies: a difference is
+// named); its hyperparameters, optimiser state and data do not matter for sampling and are not
+// checked. Reading changes nothing on disk (unlike checkpoint_manager::resume, which sets
+// rejected checkpoints aside).
+// Host only (io/ uses Hana and nlohmann_json): CUDA units include generate/generator.hpp.
+#pragma once
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "etude/backend/cpu/cpu.hpp"
+#include "etude/backend/cpu/executor.hpp"
+#include "etude/generate/generator.hpp"
+#include "etude/io/checkpoint.hpp"
+#include "etude/train/trainer.hpp"
+
+namespace etude {
+
+template <class Config>
+using cpu_generator = generator<typename Config::model, backend::cpu, typename Config::precision>;
+
+// From a weights file written by io::save_weights (or any tool using the table's names).
+template <class Config>
+cpu_generator<Config> generator_from_weights(const std::filesystem::path& file) {
+  trainer<Config, backend::cpu> t;
+  io::load_weights(t, file);
+  return cpu_generator<Config>(t);
+}
+
+namespace detail {
+// A run directory's checkpoint files, newest step first.
+inline std::vector<std::filesystem::path> checkpoints_newest_first(const std::filesystem::path& dir) {
+  std::vector<std::pair<long, std::filesystem::path>> found;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file())
+      if (const auto step = io::detail::step_of(e.path()); step) found.emplace_back(*step, e.path());
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::filesystem::path> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+template <class Config>
+cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file) {
+  using params = typename Config::model::params;
+  trainer<Config, backend::cpu> t;
+  const io::checkpoint_file c(file);
+  const io::json ours = io::describe_run(t);
+  const io::json theirs{{"config", c.state().value("config", io::json(nullptr))}};
+  if (auto diff = track::config_diff(io::json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
+    std::string msg = file.string() + ": written by another configuration; cannot generate from it with this one. "
+                                      "Differences:";
+    for (const auto& d : diff) msg += "\n  " + d;
+    throw io::checkpoint_mismatch(msg);
+  }
+  auto master = t.parameters();
+  for (const param_desc& d : params::entries) {
+    const std::string key = "model." + param_name(d);
+    if (!c.tensors().contains(key)) throw io::checkpoint_error(file.string() + ": tensor " + key + " is missing");
+    const auto values = c.tensors().template as<float>(key);
+    if (values.size() != static_cast<std::size_t>(d.numel()))
+      throw io::checkpoint_error(file.string() + ": tensor " + key + " has " + std::to_string(values.size()) +
+                                 " values, the model needs " + std::to_string(d.numel()));
+    std::copy(values.begin(), values.end(), master.begin() + d.offset);
+  }
+  return cpu_generator<Config>(t);
+}
+}  // namespace detail
+
+// From a resumable checkpoint: a checkpoint file, or a directory of them (the newest that reads
+// and matches; the reasons of every one refused are named when none does).
+template <class Config>
+cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& path) {
+  if (!std::filesystem::is_directory(path)) return detail::generator_from_checkpoint_file<Config>(path);
+  const auto files = detail::checkpoints_newest_first(path);
+  if (files.empty())
+    throw io::checkpoint_error(path.string() + ": no checkpoint (ckpt-<step>.safetensors) in this directory; give a "
+                                               "checkpoint file, a run's checkpoint directory or a weights file");
+  std::string reasons;
+  for (const auto& f : files) {
+    try {
+      return detail::generator_from_checkpoint_file<Config>(f);
+    } catch (const io::checkpoint_mismatch&) {
+      throw;  // another configuration: a different run, not a damaged file
+    } catch (const error& e) {
+      reasons += std::string("\n  ") + e.what();
+    }
+  }
+  throw io::checkpoint_error(path.string() + ": no checkpoint could be read:" + reasons);
+}
+
+}  // namespace etude
