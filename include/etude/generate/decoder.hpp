@@ -20,6 +20,7 @@
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/params.hpp"
+#include "etude/model/transformer.hpp"
 #include "etude/ops/op_set.hpp"
 #include "etude/ops/step_executor.hpp"
 
@@ -45,6 +46,11 @@ class decoder {
   static constexpr shape S = Model::shape;
   static constexpr int K = S.codebooks, H = S.heads, L = S.layers;
   static constexpr index_t D = S.dim, FF = S.ffn(), C = S.card, P = params::total_elements;
+  // a conditioned model: the training transformer's condition encoder builds the condition
+  // tensor (and each layer's cross keys and values, or the summed conditions) once per generation
+  using net = transformer<Model, Backend, Policy>;
+  static constexpr bool cross = net::cross, summed = net::summed, conditioned = net::conditioned;
+  static constexpr index_t LC = net::LC;
 
   // rows: sequences decoded together (a guided batch counts its null rows); max_steps: positions
   // the cache holds; prefill_steps: the most positions one prefill() takes.
@@ -92,6 +98,54 @@ class decoder {
     cached_scratch_ = buf<F>(std::max<index_t>(1, cached_values(max_steps)));
     gemm_ws_ = buf<float>(std::max<index_t>(1, gemm_bytes() / 4));
     host_logits_.resize(static_cast<std::size_t>(r * C));
+    if constexpr (conditioned) {
+      using conds = typename Model::conditions;
+      cond_index_ = buf<std::int32_t>(std::max<index_t>(1, rows * conds::attributes));
+      cond_embedding_ = buf<F>(std::max<index_t>(1, rows * conds::embedding_values));
+      cond_mask_ = buf<F>(rows * LC);
+      cond_ = buf<A>(rows * LC * D);
+      cond_kv_ = buf<A>(cross ? L * rows * LC * 2 * D : 1);
+      cond_rows_ = buf<A>(std::max<index_t>(1, rows * net::condition_layout::widest_attribute()));
+      cond_sum_ = buf<A>(rows * D);
+      cross_scratch_ = buf<F>(std::max<index_t>(1, cross ? Backend::cross_attention_scratch(
+                                                             prefill_steps, LC, S.head_dim(), !std::is_same_v<A, F>,
+                                                             threads())
+                                                       : 1));
+      // until set_conditions: every row null
+      std::vector<std::int32_t> none(static_cast<std::size_t>(rows * conds::attributes), -1);
+      std::vector<float> zeros(static_cast<std::size_t>(rows * conds::embedding_values), 0.0f);
+      std::vector<unsigned char> masked(static_cast<std::size_t>(rows * conds::embedding_positions), 0);
+      set_conditions(none.data(), zeros.data(), masked.data());
+    }
+  }
+
+  // The rows' conditions (host arrays in core/batch.hpp's layout: index (rows, attributes), −1
+  // null; embeddings (rows, embedding_values); embedding mask (rows, embedding_positions)): the
+  // condition tensor is built here, before the next prefill.
+  void set_conditions(const std::int32_t* index, const float* embeddings, const unsigned char* embedding_mask) {
+    if constexpr (conditioned) {
+      using conds = typename Model::conditions;
+      [[maybe_unused]] const auto guard = exec_.enter();
+      std::vector<F> emb(static_cast<std::size_t>(rows_ * conds::embedding_values));
+      for (std::size_t i = 0; i < emb.size(); ++i) emb[i] = static_cast<F>(embeddings[i]);
+      std::vector<F> mask(static_cast<std::size_t>(rows_ * LC));
+      for (index_t r = 0; r < rows_; ++r)
+        for (const condition_desc& c : conds::list)
+          for (int p = 0; p < c.positions; ++p) {
+            const bool real = c.kind == cond::condition_kind::attribute
+                                  ? index[r * conds::attributes + c.slot] >= 0
+                                  : embedding_mask[r * conds::embedding_positions + c.mask_offset + p] != 0;
+            mask[static_cast<std::size_t>(r * LC + c.first_position + p)] = F(real ? 1 : 0);
+          }
+      if constexpr (conds::attributes > 0) exec_.upload(cond_index_.data(), index, rows_ * conds::attributes);
+      if constexpr (conds::embedding_values > 0) exec_.upload(cond_embedding_.data(), emb.data(), rows_ * conds::embedding_values);
+      exec_.upload(cond_mask_.data(), mask.data(), rows_ * LC);
+      typename net::condition_t cd = conditions();
+      net::encode_conditions(w_.data(), cd, rows_, {nullptr, 0, gemm_ws_.data()});
+    } else {
+      (void)index, (void)embeddings, (void)embedding_mask;
+      throw invalid_argument("decoder::set_conditions: this model has no conditions");
+    }
   }
 
   index_t rows() const { return rows_; }
@@ -161,6 +215,7 @@ class decoder {
     A* ln = ln_.data();
     A* qkv = qkv_.data();
     Backend::embedding_fwd(x, seq_.data(), tables, pos_.data() + at * D, rows_, K, n, D);
+    if constexpr (summed) Backend::add_rows(x, cond_sum_.data(), rows_, n, D);
     for (int l = 0; l < L; ++l) {
       A* cache = cache_.data() + static_cast<index_t>(l) * rows_ * max_steps_ * 2 * D;  // (rows, M, 2D)
       Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::norm1_weight, l),
@@ -177,8 +232,18 @@ class decoder {
                                                          static_cast<index_t>(cached_scratch_.size()));
       }
       mm(r, D, D, att_.data(), D, param(param_kind::out_proj, l), D, 1.0, x, D);
-      // (a conditioned model's cross-attention goes here, between self-attention and the FFN, as
-      // in AudioCraft's layer; generate/conditions.hpp)
+      if constexpr (cross) {
+        // pre-LN on the query, keys and values from the condition tensor (computed once); the
+        // queries take qkv's buffer, free once the cache holds this step's keys and values
+        Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::norm_cross_weight, l),
+                               param(param_kind::norm_cross_bias, l), r, D);
+        mm(r, D, D, ln, D, param(param_kind::cross_qkv, l), D, 0.0, qkv, D);
+        Backend::template cross_attention_fwd<S.head_dim()>(
+            att_.data(), lse_.data(), qkv, cond_kv_.data() + l * rows_ * LC * 2 * D,
+            masks_condition_padding<typename Model::conditions>() ? cond_mask_.data() : nullptr, rows_, n, LC, H, D,
+            cross_scratch_.data(), static_cast<index_t>(cross_scratch_.size()));
+        mm(r, D, D, att_.data(), D, param(param_kind::cross_out, l), D, 1.0, x, D);
+      }
       Backend::layernorm_fwd(ln, mean_.data(), rstd_.data(), x, param(param_kind::norm2_weight, l),
                              param(param_kind::norm2_bias, l), r, D);
       mm(r, FF, D, ln, D, param(param_kind::ffn_up, l), D, 0.0, pre_.data(), FF);
@@ -221,6 +286,24 @@ class decoder {
   buf<F> att_scratch_, cached_scratch_;
   buf<float> gemm_ws_;
   std::vector<A> host_logits_;
+  // conditioned models
+  buf<std::int32_t> cond_index_;  // (rows, attributes)
+  buf<F> cond_embedding_;         // (rows, embedding_values)
+  buf<F> cond_mask_;              // (rows, LC)
+  buf<A> cond_, cond_kv_, cond_rows_, cond_sum_;
+  buf<F> cross_scratch_;
+
+  typename net::condition_t conditions() {
+    typename net::condition_t cd;
+    cd.index = cond_index_.data();
+    cd.embedding = cond_embedding_.data();
+    cd.mask = cond_mask_.data();
+    cd.cond = cond_.data();
+    cd.kv = cond_kv_.data();
+    cd.rows = cond_rows_.data();
+    cd.csum = cond_sum_.data();
+    return cd;
+  }
 };
 
 }  // namespace etude

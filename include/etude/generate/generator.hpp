@@ -40,7 +40,8 @@ struct generation_options {
   double cfg_coef = 1.0;     // classifier-free guidance; 1 = none (the only value without conditions)
 };
 
-template <class Model, class Backend, class Policy = precision::fp32, class Conditions = no_conditions>
+template <class Model, class Backend, class Policy = precision::fp32,
+          class Conditions = generation_conditions<Model>>
 class generator {
  public:
   using model = Model;
