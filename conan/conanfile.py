@@ -75,3 +75,9 @@ class EtudeConan(ConanFile):
             self.cpp_info.cxxflags.append("/openmp")
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs.extend(["m", "pthread"])
+
+        # Not modelled here, as etude::data is not: the two optional rendering headers need a
+        # system library each, which a consumer that includes them links itself (the CMake
+        # package's etude::audio and etude::image targets do it): etude/track/synth.hpp needs
+        # FluidSynth (pkg-config fluidsynth, Debian's libfluidsynth-dev), etude/track/piano_roll.hpp
+        # libpng (Debian's libpng-dev). Every other header needs neither.

@@ -52,6 +52,11 @@ run_consumer() {
   else
     output="$("$bdir/consumer" 2>&1)"
     rc=$?
+    # the optional rendering targets, in the consumers that build that program too
+    if [[ $rc -eq 0 && -x "$bdir/render_consumer" ]]; then
+      output="$output; $("$bdir/render_consumer" 2>&1)"
+      rc=$?
+    fi
     printf '%s\n' "$output" >>"$log"
     if [[ $rc -eq 0 ]]; then
       echo "PASS $label: $output"
