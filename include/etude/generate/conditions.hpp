@@ -14,11 +14,14 @@
 // Not for: condition tables, encoders or cross-attention themselves (model/transformer.hpp).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "etude/config/conditions.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
