@@ -4,7 +4,9 @@
 // fused by masked cross-attention), hyperparameters, batches and initial weights. The batches hold
 // a null attribute, padded embedding positions and an example with no valid condition position at
 // all (its cross-attention rows attend to nothing: att 0, lse +inf). Also: a prefetched batch is
-// reused only when its conditions are the same, not just its tokens.
+// reused only when its conditions are the same, not just its tokens; and the cross-attention op
+// itself against the CPU's on conditions longer than one 32-key chunk, masked, with rows that have
+// no valid position, for both head dimensions, in fp32 and bf16.
 // Bounds as in step.cpp for fp32: 1e-5 on the loss, 1e-4 (relative L2) on every gradient tensor
 // and on the weights after three steps. Compiled by g++; the device trainer is behind
 // step_device.hpp (step_device_cond.cu).
@@ -19,7 +21,10 @@
 #include <vector>
 
 #include "../support.hpp"
+#include "cond_device.hpp"
+#include "etude/backend/cpu/cpu.hpp"
 #include "etude/backend/cpu/executor.hpp"
+#include "etude/core/dtype.hpp"
 #include "etude/core/rng.hpp"
 #include "etude/train/trainer.hpp"
 #include "step_configs.hpp"
@@ -139,4 +144,74 @@ TEST_CASE("a prefetched conditioned batch is reused only with the same condition
   gpu->prefetch(batch);
   check_pass(gpu->loss_and_gradients(batch), cpu.loss_and_gradients(batch));
   check_tensors(gpu->gradients(), as_vector(cpu.gradients()), 1e-4, "gradients from a prefetched batch");
+}
+
+namespace {
+
+namespace dev = etude::gpu_test;
+
+// Values representable in bf16 when t is bf16 (both backends then see the same inputs).
+dev::vec random_values(std::size_t n, std::uint64_t seed, dev::dtype t) {
+  etude::rng r(seed);
+  dev::vec v(n);
+  for (auto& x : v) {
+    x = static_cast<float>(r.uniform(-1.0, 1.0));
+    if (t == dev::dtype::bf16) x = static_cast<float>(etude::convert<etude::bf16>(x));
+  }
+  return v;
+}
+
+double rel_l2(const dev::vec& a, const dev::vec& b) {
+  return etude::test::relative_l2(std::span<const float>(a.data(), a.size()), std::span<const float>(b.data(), b.size()));
+}
+
+template <int HD>
+void cross_against_cpu(dev::dtype t, bool masked) {
+  using cpu = etude::backend::cpu;
+  constexpr index_t batch = 3, steps = 37, positions = 70;
+  constexpr int heads = 2;
+  constexpr index_t d = heads * HD;
+  INFO((t == dev::dtype::f32 ? "fp32" : "bf16") << " hd " << HD << (masked ? " masked" : " unmasked"));
+  const dev::vec q = random_values(batch * steps * d, 1, t), kv = random_values(batch * positions * 2 * d, 2, t);
+  const dev::vec datt = random_values(batch * steps * d, 3, t);
+  dev::vec mask;
+  if (masked)  // example 0: every other position after 40; example 1: nothing valid; example 2: all
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t j = 0; j < positions; ++j) mask.push_back(b == 2 || (b == 0 && (j < 40 || j % 2 == 0)) ? 1.0f : 0.0f);
+  dev::vec att(q.size()), lse(static_cast<std::size_t>(batch * steps * heads)), dq(q.size()), dkv(kv.size());
+  std::vector<float> scratch(
+      static_cast<std::size_t>(cpu::cross_attention_scratch(steps, positions, HD, false, cpu::threads())));
+  const float* m = masked ? mask.data() : nullptr;
+  cpu::cross_attention_fwd<HD>(att.data(), lse.data(), q.data(), kv.data(), m, batch, steps, positions, heads, d,
+                               scratch.data(), static_cast<index_t>(scratch.size()));
+  cpu::cross_attention_bwd<HD>(dq.data(), dkv.data(), datt.data(), q.data(), kv.data(), lse.data(), m, batch, steps,
+                               positions, heads, d, scratch.data(), static_cast<index_t>(scratch.size()));
+  const auto got = dev::cross_attention(t, q, kv, mask, datt, batch, steps, positions, heads, HD);
+  const auto again = dev::cross_attention(t, q, kv, mask, datt, batch, steps, positions, heads, HD);
+  CHECK(std::memcmp(got.dq.data(), again.dq.data(), got.dq.size() * sizeof(float)) == 0);  // no atomics
+  CHECK(std::memcmp(got.dkv.data(), again.dkv.data(), got.dkv.size() * sizeof(float)) == 0);
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    INFO("lse " << i);
+    if (std::isinf(lse[i])) CHECK(std::isinf(got.lse[i]));
+    else CHECK(std::abs(got.lse[i] - lse[i]) <= 1e-5 * (1.0 + std::abs(lse[i])));
+  }
+  // fp32: summation order only. bf16: every stored result rounded once (u = 2^-8, rms ~u/sqrt(3)).
+  const double bound = t == dev::dtype::f32 ? 1e-5 : 8e-3;
+  CHECK(rel_l2(got.att, att) <= bound);
+  CHECK(rel_l2(got.dq, dq) <= bound);
+  CHECK(rel_l2(got.dkv, dkv) <= bound);
+  if (masked) {  // example 1 attends to nothing: exact zeros, and its keys and values get no gradient
+    for (index_t i = steps * d; i < 2 * steps * d; ++i) CHECK(got.att[static_cast<std::size_t>(i)] == 0.0f);
+    for (index_t i = positions * 2 * d; i < 2 * positions * 2 * d; ++i) CHECK(got.dkv[static_cast<std::size_t>(i)] == 0.0f);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cross-attention on the device matches the CPU's", "[gpu][cross_attention]") {
+  for (const auto t : {dev::dtype::f32, dev::dtype::bf16})
+    for (const bool masked : {true, false}) {
+      cross_against_cpu<64>(t, masked);
+      cross_against_cpu<128>(t, masked);
+    }
 }
