@@ -5,6 +5,7 @@
 // MusicGen's delay pattern, accumulate<2>: a step takes milliseconds on a GPU.
 #pragma once
 
+#include "etude/config/conditions.hpp"
 #include "etude/config/pattern.hpp"
 #include "etude/config/shape.hpp"
 #include "etude/config/train_config.hpp"
@@ -24,5 +25,15 @@ using fp32_every_layer_config = etude::train_config<lm, etude::precision::fp32, 
                                                     etude::checkpointing::every_layer>;
 using bf16_selective_ffn_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>,
                                                       etude::checkpointing::selective_ffn>;
+
+// A conditioned model (step_cond.cpp, step_device_cond.cu): a 24-value attribute (table width 64)
+// and an 8-position embedding of width 32, fused by masked cross-attention in every layer: 9
+// condition positions; heads of 64 as above.
+inline constexpr etude::shape cond_shape{.codebooks = 4, .card = 64, .dim = 128, .heads = 2, .layers = 2,
+                                         .max_len = 256};
+using cond_conditions = etude::conditions<etude::cond::attribute<"key", 24>, etude::cond::embedding<"text", 32, 8>,
+                                          etude::fuse::cross>;
+using cond_lm = etude::model<cond_shape, etude::pattern::delay<0, 1, 2, 3>, cond_conditions>;
+using cond_fp32_config = etude::train_config<cond_lm, etude::precision::fp32, etude::accumulate<2>>;
 
 }  // namespace etude::gpu_test::step

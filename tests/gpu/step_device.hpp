@@ -52,5 +52,7 @@ std::unique_ptr<device_trainer> make_fp16(const hyper& h);
 // step_device_policies.cu: fp32 with every_layer, bf16 with selective_ffn checkpointing
 std::unique_ptr<device_trainer> make_fp32_every_layer(const hyper& h);
 std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h);
+// step_device_cond.cu: the conditioned model (cond_fp32_config), cross-attention fused
+std::unique_ptr<device_trainer> make_cond_fp32(const hyper& h);
 
 }  // namespace etude::gpu_test::step

@@ -16,7 +16,8 @@
 //       begin() / end() as the body's first and last operations
 //   int stage(batch, parts, part_bytes, input_fill, pending)   a batch's inputs: fill(part, dst)
 //       lays part p (a microbatch, an evaluation chunk) out on the host; returns the input slot
-//   int pending_slot(batch)                  a slot prefetched with exactly this batch, or −1
+//   int pending_slot(batch)                  a slot prefetched with exactly this batch (tokens, mask
+//       and the conditions, as many elements as the view's *_size fields say), or −1
 //   void load(slot, part, dst, bytes)        inside the body: part p of the slot into dst
 //   void run(slot, shape key, replayable, body)  runs the body; waits for it
 //   index_t extra_bytes()                    memory it holds beyond the trainer's buffers

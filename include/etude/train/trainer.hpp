@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -208,6 +209,12 @@ class trainer {
   void lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out, bool dropout) const;
   void lay_out_conditions(const batch_view& b, index_t b0, index_t nb, std::byte* out, bool dropout) const;
   int stage_parts(const batch_view& batch, index_t chunk, bool pending, bool dropout);
+  // The view the executor stages and matches prefetches against: a conditioned model's condition
+  // buffers with the sizes the model reads (an unconditioned model's left out), or, when one of
+  // them is shorter than that, a view no prefetch matches (step() then refuses the batch).
+  batch_view staged_view(const batch_view& b) const;
+  // Condition dropout's draw: the training passes before this one (lay_out_conditions).
+  std::uint64_t dropout_draw() const { return static_cast<std::uint64_t>(step_ + scaler_.skipped); }
   int stage_training_batch(const batch_view& batch, bool pending);
   step_stats training_pass(const batch_view& batch, bool update);
   void write_scalars(const step_token_counts& tc, double lr);
@@ -234,6 +241,7 @@ class trainer {
   mutable control_t control_;
   pattern_plan plan_;
   staged_input input_;  // what the executor's input_fill refers to
+  std::vector<std::uint64_t> staged_draw_;  // per input slot: the dropout draw its batch was laid out with
   std::byte* arena_ = nullptr;
 };
 
@@ -317,7 +325,11 @@ step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch)
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool update) {
   check_batch_buffers(batch, "training batch");  // pending_slot compares the tokens: sizes first
-  int slot = exec_.pending_slot(batch);  // a prefetch checked the rest
+  int slot = exec_.pending_slot(staged_view(batch));  // a prefetch checked the rest
+  // a prefetch laid the conditions out with the dropout coins of the pass it expected; another
+  // pass since (a restore, a prefetch before a step) draws others
+  if constexpr (model::conditioned)
+    if (slot >= 0 && staged_draw_[static_cast<std::size_t>(slot)] != dropout_draw()) slot = -1;
   if (slot < 0) slot = stage_training_batch(batch, false);
   const pattern_plan& plan = plan_for(batch.frames);
   const step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm);
@@ -387,7 +399,9 @@ void trainer<Config, Backend>::prefetch(const batch_view& next) {
   [[maybe_unused]] const auto guard = exec_.enter();
   try {
     check_batch_buffers(next, "prefetched batch");
-    if (exec_.pending_slot(next) >= 0) return;
+    // an earlier prefetch of the same batch is superseded (pending_slot takes it; its dropout coins
+    // may be stale): staged again below, still pending
+    exec_.pending_slot(staged_view(next));
     check_batch<model>(next, true, microbatches);
   } catch (const invalid_input&) {
     return;

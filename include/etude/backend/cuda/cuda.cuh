@@ -4,10 +4,13 @@
 // instantiated in a user's .cu file. Every op runs on the calling thread's current context
 // (context.cuh: `cuda::context ctx; cuda::scope s(ctx);`), takes device pointers and returns
 // without synchronising, except all_finite, which returns its answer to the host.
-// Storage types: float, etude::bf16, etude::fp16 (compute in float); LayerNorm statistics and the
-// attention log-sum-exp are float whatever the storage type.
+// Storage types: float, etude::bf16, etude::fp16 (compute in float); LayerNorm statistics, the
+// attention and cross-attention log-sum-exp and the condition mask are float whatever the storage
+// type. Conditioned models' ops (ops/condition.hpp, ops/cross_attention.hpp) come from the bases
+// cuda_condition (condition.cuh) and cuda_cross_attention (cross_attention.cuh).
 // Differences from backend::cpu, all deliberate:
-//   - attention_scratch() is 0: the kernels need no scratch beyond the context's;
+//   - attention_scratch() and cross_attention_scratch() are 0: the kernels need no scratch beyond
+//     the context's;
 //   - it declares both fusions: residual_layernorm_fwd reads x and r once and writes x_mid and y in
 //     one pass; gemm_gelu is today a product followed by a row-wise exact-erf GELU pass (cuBLASLt's
 //     GELU epilogue is the tanh approximation, which the model, AudioCraft's exact erf, cannot
@@ -24,7 +27,9 @@
 #include <type_traits>
 
 #include "etude/backend/cuda/attention.cuh"
+#include "etude/backend/cuda/condition.cuh"
 #include "etude/backend/cuda/context.cuh"
+#include "etude/backend/cuda/cross_attention.cuh"
 #include "etude/backend/cuda/elementwise.cuh"
 #include "etude/backend/cuda/embedding.cuh"
 #include "etude/backend/cuda/gemm.cuh"
@@ -40,7 +45,7 @@
 
 namespace etude::backend {
 
-struct cuda {
+struct cuda : cuda_condition, cuda_cross_attention {
   static constexpr const char* name = "cuda";
 
   // What a training configuration must satisfy to run here; etude::trainer asks at compile time.

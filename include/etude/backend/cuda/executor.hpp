@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -228,6 +229,11 @@ class step_executor<backend::cuda> {
       in.tokens.assign(batch.tokens, batch.tokens + n);
       if (batch.mask != nullptr) in.mask.assign(batch.mask, batch.mask + n);
       else in.mask.clear();
+      // the conditions, as many elements as the view says it holds (the trainer's views say what
+      // the model reads)
+      keep_part(in.attributes, in.has_attributes, batch.attributes, batch.attributes_size);
+      keep_part(in.embeddings, in.has_embeddings, batch.embeddings, batch.embeddings_size);
+      keep_part(in.embedding_mask, in.has_embedding_mask, batch.embedding_mask, batch.embedding_mask_size);
     }
     // ...and the last step reading the device slot must be done before the copy overwrites it
     ETUDE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), in.released.get(), 0));
@@ -301,6 +307,12 @@ class step_executor<backend::cuda> {
     int codebooks = 0;
     std::vector<token_t> tokens;
     std::vector<unsigned char> mask;  // empty: the batch had none
+    // a conditioned batch's inputs (has_*: the pointer was set; a set pointer of unknown size is
+    // kept empty and never matches)
+    std::vector<std::int32_t> attributes;
+    std::vector<float> embeddings;
+    std::vector<unsigned char> embedding_mask;
+    bool has_attributes = false, has_embeddings = false, has_embedding_mask = false;
   };
   struct cached_graph {
     index_t nb = 0, steps = 0;
@@ -317,8 +329,24 @@ class step_executor<backend::cuda> {
       return false;
     const auto n = static_cast<std::size_t>(b.batch * b.codebooks * b.frames);
     if (std::memcmp(in.tokens.data(), b.tokens, n * sizeof(token_t)) != 0) return false;
-    if (b.mask == nullptr) return in.mask.empty();
-    return !in.mask.empty() && std::memcmp(in.mask.data(), b.mask, n) == 0;
+    if (b.mask == nullptr ? !in.mask.empty() : in.mask.empty() || std::memcmp(in.mask.data(), b.mask, n) != 0)
+      return false;
+    return same_part(in.attributes, in.has_attributes, b.attributes, b.attributes_size) &&
+           same_part(in.embeddings, in.has_embeddings, b.embeddings, b.embeddings_size) &&
+           same_part(in.embedding_mask, in.has_embedding_mask, b.embedding_mask, b.embedding_mask_size);
+  }
+  template <class T>
+  static void keep_part(std::vector<T>& kept, bool& present, const T* p, std::size_t n) {
+    present = p != nullptr;
+    if (present && n != batch_view::unknown_size) kept.assign(p, p + n);
+    else kept.clear();
+  }
+  // The same contents, bit for bit, as a kept part (both absent counts as the same).
+  template <class T>
+  static bool same_part(const std::vector<T>& kept, bool present, const T* p, std::size_t n) {
+    if (p == nullptr) return !present;
+    if (!present || n == batch_view::unknown_size || n != kept.size()) return false;
+    return n == 0 || std::memcmp(kept.data(), p, n * sizeof(T)) == 0;
   }
   int free_slot() const {
     if (!slots_[0].pending) return 0;

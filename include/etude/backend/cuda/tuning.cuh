@@ -34,6 +34,8 @@ struct layernorm {};
 struct embedding {};
 struct softmax_xent {};
 struct attention {};
+struct condition {};        // condition gathers, bias rows, row masks, fuse::sum's broadcast
+struct cross_attention {};
 }  // namespace op
 
 namespace arch {
@@ -50,7 +52,7 @@ template <class Op, class T, int Key = 0, class Arch = arch::target>
 struct tuning {
   static_assert(dependent_false<Op>,
                 "no CUDA tuning for this op; ops: op::elementwise, op::reduce, op::layernorm, op::embedding, "
-                "op::softmax_xent, op::attention");
+                "op::softmax_xent, op::attention, op::condition, op::cross_attention");
 };
 
 template <class T, class Arch>
@@ -87,6 +89,12 @@ struct tuning<op::softmax_xent, T, 0, Arch> {
   static constexpr int threads = 256;  // one block per row of `card` logits (~2k)
 };
 
+template <class T, class Arch>
+struct tuning<op::condition, T, 0, Arch> {
+  static constexpr int threads = 256;  // elementwise passes, and column sums (a thread per column)
+  static constexpr int blocks_per_sm = 8;
+};
+
 // The head dimensions the attention kernels are compiled for: the one list that the tuning trait
 // below, the run-time dispatch (attention.cuh) and backend::cuda::accepts() read. Adding one means
 // adding it here (tiles must be multiples of 16) and, if the defaults do not fit, a specialisation.
@@ -115,6 +123,20 @@ struct tuning<op::attention, T, HeadDim, Arch> {
   static constexpr int bwd_rows = 32;
   static constexpr int bwd_cols = tensor_cores ? 64 : 32;
   static constexpr int warps = 4;
+};
+
+// Cross-attention (cross_attention.cuh): keys in chunks of 32 (a warp's lanes), one warp per query
+// row. Forward and the queries' backward: `warps` warps of `rows_per_warp` rows per CTA; the keys'
+// backward: a CTA of `key_threads` threads per 32 keys walks the query rows in tiles of
+// `key_query_rows`, in order (deterministic). Any head dimension the self-attention takes.
+template <class T, int HeadDim, class Arch>
+struct tuning<op::cross_attention, T, HeadDim, Arch> {
+  static_assert(attention_head_dims::contains(HeadDim),
+                "no cross-attention kernel for this head dimension; supported: etude::cuda::attention_head_dims");
+  static constexpr int warps = 4;
+  static constexpr int rows_per_warp = 4;
+  static constexpr int key_threads = 256;
+  static constexpr int key_query_rows = 32;
 };
 
 }  // namespace etude::cuda

@@ -112,7 +112,7 @@ void trainer<Config, Backend>::lay_out_conditions(const batch_view& b, index_t b
   auto* index = reinterpret_cast<std::int32_t*>(out);
   auto* emb = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb));
   auto* mask = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb) + cl::embedding_bytes(nb));
-  const auto draw = static_cast<std::uint64_t>(step_ + scaler_.skipped);
+  const std::uint64_t draw = dropout_draw();
   const bool batch_dropped = dropout && hyper_.condition_dropout > 0.0 &&
                              hyper_.condition_dropout_mode == hyper::dropout_mode::per_batch &&
                              rng(hyper_.seed ^ 0x5eedc0de0b47c4ULL, draw).uniform() < hyper_.condition_dropout;
@@ -153,8 +153,38 @@ int trainer<Config, Backend>::stage_parts(const batch_view& batch, index_t chunk
   const pattern_plan& plan = plan_for(batch.frames);
   const auto sz = workspace_layout::sizes(chunk, plan.steps, threads());
   input_ = {this, batch, chunk, dropout};
-  return exec_.stage(batch, static_cast<int>((batch.batch + chunk - 1) / chunk), sz.inputs(), input_fill(input_),
-                     pending);
+  const int slot = exec_.stage(staged_view(batch), static_cast<int>((batch.batch + chunk - 1) / chunk), sz.inputs(),
+                               input_fill(input_), pending);
+  if (staged_draw_.size() <= static_cast<std::size_t>(slot)) staged_draw_.resize(static_cast<std::size_t>(slot) + 1);
+  staged_draw_[static_cast<std::size_t>(slot)] = dropout_draw();
+  return slot;
+}
+
+template <class Config, class Backend>
+batch_view trainer<Config, Backend>::staged_view(const batch_view& b) const {
+  batch_view v = b;
+  v.attributes = nullptr;
+  v.embeddings = nullptr;
+  v.embedding_mask = nullptr;
+  v.attributes_size = v.embeddings_size = v.embedding_mask_size = 0;
+  if constexpr (model::conditioned) {
+    using conds = typename model::conditions;
+    const auto nb = static_cast<std::size_t>(b.batch < 0 ? 0 : b.batch);
+    bool short_buffer = false;
+    auto take = [&](auto* p, std::size_t have, std::size_t need, auto*& to, std::size_t& size) {
+      if (p == nullptr || need == 0) return;
+      if (have != batch_view::unknown_size && have < need) short_buffer = true;
+      to = p;
+      size = need;
+    };
+    take(b.attributes, b.attributes_size, nb * conds::attributes, v.attributes, v.attributes_size);
+    take(b.embeddings, b.embeddings_size, nb * static_cast<std::size_t>(conds::embedding_values), v.embeddings,
+         v.embeddings_size);
+    take(b.embedding_mask, b.embedding_mask_size, nb * conds::embedding_positions, v.embedding_mask,
+         v.embedding_mask_size);
+    if (short_buffer) v.tokens = nullptr;  // matches no prefetch; check_batch names the field
+  }
+  return v;
 }
 
 // Checks a training batch (etude::trainer's messages) and stages its microbatches.
