@@ -133,7 +133,12 @@ class embedding_store {
     if (!std::filesystem::exists(mask_path, ec))
       throw data_error(who + ": mask file " + mask_path.string() + " for embedding file " + path.string() +
                        " does not exist; save the encoder's attention mask (rows, L) as uint8 beside it");
-    auto e = std::make_unique<entry>(entry{npy_mapped(path), npy_mapped(mask_path)});
+    std::unique_ptr<entry> e;
+    try {
+      e = std::make_unique<entry>(entry{npy_mapped(path), npy_mapped(mask_path)});
+    } catch (const data_error& x) {
+      throw data_error(who + ": " + x.what());
+    }
     const auto& vs = e->values.shape();
     if (vs.size() != 3 || e->values.kind() != 'f' || e->values.element_bytes() == 8)
       throw data_error(who + ": embedding file " + path.string() + " holds " + e->values.header().descr + " " +
