@@ -15,8 +15,9 @@ with LOWEST = 36 (C2) and HIGHEST = 84 (C6), so ids 0..50; the codebook card is 
 id 64 (= card) as its own special token.
 
 Next to the arrays, `metadata.jsonl` holds one JSON line per chorale (file, corpus id,
-caption, condition attributes, split group).  See docs/chorales.md for the full
-description of the grid, voice selection, what is dropped, and the regenerate commands.
+title, caption (tools/chorales/caption.py), condition attributes, split group).  See
+docs/chorales.md for the full description of the grid, voice selection, what is
+dropped, and the regenerate commands.
 
 Usage:
     python3 tools/chorales/convert.py --output build/chorales-npy [--limit N]
@@ -39,6 +40,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+
+from caption import bars, chorale_caption   # tools/chorales/caption.py: the caption rule
 
 # ---------------------------------------------------------------- vocabulary
 
@@ -479,7 +482,10 @@ def main(argv=None):
             meta.write(json.dumps({
                 "file": name,
                 "id": record["cid"],
-                "caption": record["caption"],
+                "title": record["caption"],
+                "caption": chorale_caption(record["key"], record["mode"], record["time_signature"],
+                                           bars(record["tokens"].shape[1], record["time_signature"]),
+                                           record["caption"]),
                 "attributes": {
                     "key": record["key"],
                     "mode": record["mode"],

@@ -1,8 +1,11 @@
-// Reads codec codes saved by NumPy (np.save), as AudioCraft / EnCodec pipelines write them: a
-// `.npy` file of format version 1, 2 or 3 holding a C-order, little-endian integer array shaped
-// [K, T] (or [1, K, T], a single-item batch). int16/int32/int64 and their unsigned and 8-bit
-// kin are accepted; Fortran order, big-endian, floats and anything else are refused by name.
-// Not for: writing .npy, general N-d arrays, or validating ids against a codebook (the packer).
+// Reads arrays saved by NumPy (np.save), `.npy` format version 1, 2 or 3, C order, little-endian:
+// - codec codes, as AudioCraft / EnCodec pipelines write them (read_npy_codes): an integer array
+//   shaped [K, T] (or [1, K, T], a single-item batch); int16/int32/int64 and their unsigned and
+//   8-bit kin are accepted; Fortran order, big-endian, floats and anything else are refused by name;
+// - any array mapped in place (map_npy): header checked and the data's extent bounded by the file,
+//   for the condition embeddings (float32/float16) and their masks (uint8/bool) that
+//   embedding_store.hpp reads row by row without copying the file.
+// Not for: writing .npy, or validating ids against a codebook (the packer).
 #pragma once
 
 #include <algorithm>
@@ -180,6 +183,67 @@ inline int npy_integer_size(std::string_view descr, bool& is_signed) {
   if (order == '<' || order == '=' || (order == '|' && bytes == 1)) return bytes;
   return 0;
 }
+
+// A .npy file mapped into memory, its header parsed: shape, element type (kind 'f', 'i', 'u' or
+// 'b' and bytes per element) and where the C-order data starts. The constructor refuses Fortran
+// order, big-endian data, a dtype outside float16/32/64, integers and bool, and a file shorter than
+// its header promises, naming the file.
+class npy_mapped {
+ public:
+  explicit npy_mapped(const std::filesystem::path& path) : file_(path) {
+    const std::string where = path.string();
+    header_ = parse_npy_header(file_.data(), file_.size(), where);
+    const std::string& d = header_.descr;
+    const bool known = d.size() == 3 && (d[1] == 'f' || d[1] == 'i' || d[1] == 'u' || d[1] == 'b') &&
+                       (d[2] == '1' || d[2] == '2' || d[2] == '4' || d[2] == '8');
+    bytes_ = known ? d[2] - '0' : 0;
+    // '|' (no order) is what numpy writes for single bytes; '=' is native, little-endian here.
+    if (!known || (d[1] == 'f' && bytes_ == 1) || (d[1] == 'b' && bytes_ != 1) ||
+        !(d[0] == '<' || d[0] == '=' || (d[0] == '|' && bytes_ == 1)))
+      throw data_error(where + ": dtype '" + d +
+                       "' is not supported; save little-endian floats (<f4, <f2), integers or bool");
+    kind_ = d[1];
+    if (header_.fortran_order)
+      throw data_error(where + ": the array is in Fortran order; save a C-order array "
+                       "(numpy.save(path, numpy.ascontiguousarray(a)))");
+    std::uint64_t n = 1;
+    const std::uint64_t available = file_.size() - header_.data_offset;
+    for (const auto dim : header_.shape) {
+      // Overflow-safe: every partial product is bounded by the file's size before the next multiply.
+      if (dim != 0 && n > available / dim) {
+        n = ~std::uint64_t{0};
+        break;
+      }
+      n *= dim;
+    }
+    if (n == ~std::uint64_t{0} || n > available / static_cast<std::uint64_t>(bytes_))
+      throw data_error(where + ": truncated: the header announces shape " + shape_text() + " of " +
+                       std::to_string(bytes_) + "-byte elements but only " + std::to_string(available) +
+                       " data bytes follow; re-save the file");
+    elements_ = n;
+  }
+
+  const std::filesystem::path& path() const noexcept { return file_.path(); }
+  const npy_header& header() const noexcept { return header_; }
+  const std::vector<std::uint64_t>& shape() const noexcept { return header_.shape; }
+  char kind() const noexcept { return kind_; }           // 'f', 'i', 'u' or 'b'
+  int element_bytes() const noexcept { return bytes_; }  // 1, 2, 4 or 8
+  std::uint64_t elements() const noexcept { return elements_; }
+  const unsigned char* data() const noexcept { return file_.data() + header_.data_offset; }
+  // "(3, 64, 384)", for messages.
+  std::string shape_text() const {
+    std::string s = "(";
+    for (std::size_t i = 0; i < header_.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(header_.shape[i]);
+    return s + ")";
+  }
+
+ private:
+  etude::detail::mapped_file file_;
+  npy_header header_;
+  char kind_ = 0;
+  int bytes_ = 0;
+  std::uint64_t elements_ = 0;
+};
 
 inline npy_codes read_npy_codes(const std::filesystem::path& path) {
   const std::string where = path.string();
