@@ -1,7 +1,8 @@
 // The Hugging Face MusicGen mapping: the name table as documented (spelled out here independently),
 // the q/k/v split and merge on a tiny parameter table, a round trip through a safetensors file under
 // HF names, and the refusals (missing, unexpected, unknown, duplicated, misshapen tensors) that
-// name every offending tensor.
+// name every offending tensor; for conditioned models, the cross-attention and enc_to_dec_proj both
+// ways, the choice of the text condition, and condition tensors with no Hugging Face equivalent named.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -264,4 +265,203 @@ TEST_CASE("to_hf refuses names and shapes it cannot map", "[hf]") {
   const std::vector<io::tensor_view> twice = {{"out_norm.bias", {8}, std::span<const float>(v).first(8)},
                                               {"out_norm.bias", {8}, std::span<const float>(v).first(8)}};
   CHECK_THAT(mapping_error([&] { (void)io::to_hf(twice); }), Contains("\"out_norm.bias\": given twice"));
+}
+
+namespace {
+
+using text_conds = etude::conditions<etude::cond::embedding<"text", 6, 3>, etude::fuse::cross>;
+using text_table = etude::param_table<tiny, text_conds>;
+using mixed_conds = etude::conditions<etude::cond::attribute<"key", 5, 4>, etude::cond::embedding<"text", 6, 3>>;
+using mixed_table = etude::param_table<tiny, mixed_conds>;
+using two_texts = etude::conditions<etude::cond::embedding<"text", 6, 3>, etude::cond::embedding<"clap", 4, 1>>;
+using sum_conds = etude::conditions<etude::cond::attribute<"key", 5, 4>, etude::fuse::sum>;
+
+template <class Table>
+std::vector<float> distinct_params_of() {
+  std::vector<float> flat(static_cast<std::size_t>(Table::total_elements));
+  for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = 0.5f * static_cast<float>(i) + 3.0f;
+  return flat;
+}
+
+const io::tensor_view& named(const std::vector<io::tensor_view>& v, const std::string& n) {
+  const auto it = std::find_if(v.begin(), v.end(), [&](const io::tensor_view& t) { return t.name == n; });
+  if (it == v.end()) throw std::runtime_error("no tensor " + n);
+  return *it;
+}
+
+bool has(const std::vector<io::tensor_view>& v, const std::string& n) {
+  return std::any_of(v.begin(), v.end(), [&](const io::tensor_view& t) { return t.name == n; });
+}
+
+}  // namespace
+
+TEST_CASE("a conditioned model's names: encoder_attn per layer, the text projection as enc_to_dec_proj", "[hf][conditions]") {
+  CHECK(io::hf_names_of("condition_provider.conditioners.text.output_proj.weight", "text") ==
+        std::vector<std::string>{"enc_to_dec_proj.weight"});
+  CHECK(io::hf_names_of("condition_provider.conditioners.text.output_proj.bias", "text") ==
+        std::vector<std::string>{"enc_to_dec_proj.bias"});
+  // only the named text condition maps; tables and other conditions have no name there
+  CHECK(io::hf_names_of("condition_provider.conditioners.text.output_proj.weight").empty());
+  CHECK(io::hf_names_of("condition_provider.conditioners.clap.output_proj.weight", "text").empty());
+  CHECK(io::hf_names_of("condition_provider.conditioners.key.embed.weight", "key").empty());
+  CHECK(io::hf_names_of("condition_provider.conditioners.a.b.output_proj.bias", "a.b") ==
+        std::vector<std::string>{"enc_to_dec_proj.bias"});
+  const auto back = io::audiocraft_name_of("enc_to_dec_proj.weight", "text");
+  REQUIRE(back);
+  CHECK(back->name == "condition_provider.conditioners.text.output_proj.weight");
+  CHECK(back->third == -1);
+  CHECK(io::audiocraft_name_of("enc_to_dec_proj.bias", "text")->name == "condition_provider.conditioners.text.output_proj.bias");
+  CHECK(!io::audiocraft_name_of("enc_to_dec_proj.weight"));
+  CHECK(!io::audiocraft_name_of("enc_to_dec_proj.scale", "text"));
+  // every tensor of a cross-attention table has a name, given its text condition
+  for (const auto& p : text_table::entries) CHECK(!io::hf_names_of(etude::param_name(p), "text").empty());
+}
+
+TEST_CASE("to_hf and from_hf carry cross-attention and the text projection both ways, exactly", "[hf][conditions]") {
+  const auto flat = distinct_params_of<text_table>();
+  const auto hf = io::to_hf<tiny, text_conds>(flat);
+  // enc_to_dec_proj (2), 2 embeddings, 2 layers x (10 + encoder_attn_layer_norm (2) + q, k, v, out), norm (2), heads (2)
+  REQUIRE(hf.size() == 2 + 2 + 2 * 16 + 2 + 2);
+  CHECK(hf[0].name == "enc_to_dec_proj.weight");
+  CHECK(hf[0].shape == std::vector<std::uint64_t>{8, 6});
+  CHECK(hf[0].data.data() == flat.data() + text_table::at(etude::param_kind::cond_proj, -1, 0).offset);
+  CHECK(hf[1].name == "enc_to_dec_proj.bias");
+  CHECK(hf[1].shape == std::vector<std::uint64_t>{8});
+  for (int i = 0; i < 2; ++i) {
+    const std::string l = "model.decoder.layers." + std::to_string(i) + ".";
+    const auto& cqkv = text_table::at(etude::param_kind::cross_qkv, i);
+    const char* parts[] = {"q", "k", "v"};
+    for (int p = 0; p < 3; ++p) {
+      const auto& t = named(hf, l + "encoder_attn." + parts[p] + "_proj.weight");
+      CHECK(t.shape == std::vector<std::uint64_t>{8, 8});
+      CHECK(t.data.data() == flat.data() + cqkv.offset + p * 64);  // rows [p·D, (p+1)·D) of (3D, D)
+    }
+    CHECK(named(hf, l + "encoder_attn.out_proj.weight").data.data() ==
+          flat.data() + text_table::at(etude::param_kind::cross_out, i).offset);
+    CHECK(named(hf, l + "encoder_attn_layer_norm.weight").data.data() ==
+          flat.data() + text_table::at(etude::param_kind::norm_cross_weight, i).offset);
+    CHECK(named(hf, l + "encoder_attn_layer_norm.bias").data.data() ==
+          flat.data() + text_table::at(etude::param_kind::norm_cross_bias, i).offset);
+  }
+
+  // back, in any order, with the fixed positional table beside it
+  auto shuffled = hf;
+  std::mt19937 rng(3);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  std::vector<float> positions(32 * 8, 1.0f);
+  shuffled.push_back({"model.decoder.embed_positions.weights", {32, 8}, positions});
+  std::vector<float> back(flat.size(), 0.0f);
+  io::from_hf<tiny, text_conds>(shuffled, back);
+  for (const auto& p : text_table::entries) {
+    INFO(etude::param_name(p));
+    CHECK(std::equal(flat.begin() + p.offset, flat.begin() + p.offset + p.numel(), back.begin() + p.offset));
+  }
+
+  // inside MusicgenForConditionalGeneration: the decoder under "decoder.", enc_to_dec_proj beside it
+  io::hf_options o;
+  o.prefix = "decoder.";
+  auto wrapped = io::to_hf<tiny, text_conds>(flat, o);
+  CHECK(has(wrapped, "enc_to_dec_proj.weight"));
+  CHECK(has(wrapped, "decoder.model.decoder.layers.1.encoder_attn.q_proj.weight"));
+  CHECK(!has(wrapped, "decoder.enc_to_dec_proj.weight"));
+  std::vector<float> text_encoder(4, 2.0f);
+  wrapped.push_back({"text_encoder.shared.weight", {2, 2}, text_encoder});
+  std::vector<float> again(flat.size(), 0.0f);
+  io::from_hf<tiny, text_conds>(wrapped, again, o);
+  CHECK(again == back);
+
+  // MusicgenForCausalLM's tensors alone lack enc_to_dec_proj: named, with where it lives
+  const auto causal = without(without(hf, "enc_to_dec_proj.weight"), "enc_to_dec_proj.bias");
+  auto m = mapping_error([&] { io::from_hf<tiny, text_conds>(causal, back); });
+  CHECK_THAT(m, Contains("2 missing: enc_to_dec_proj.weight [8, 6], enc_to_dec_proj.bias [8]") &&
+                    Contains("lives in MusicgenForConditionalGeneration"));
+  m = mapping_error([&] { io::from_hf<tiny, text_conds>(without(hf, "model.decoder.layers.1.encoder_attn.v_proj.weight"), back); });
+  CHECK_THAT(m, Contains("1 missing: model.decoder.layers.1.encoder_attn.v_proj.weight [8, 8]"));
+  CHECK_THAT(m, !Contains("drop_cross_attention"));
+  // an unconditioned model still refuses them, and drops them on request (the CausalLM export of a conditioned one)
+  std::vector<float> plain(static_cast<std::size_t>(table::total_elements), 0.0f);
+  m = mapping_error([&] { io::from_hf<tiny>(causal, plain); });
+  CHECK_THAT(m, Contains("12 unexpected") && Contains("drop_cross_attention"));
+  io::hf_options drop;
+  drop.drop_cross_attention = true;
+  io::from_hf<tiny>(causal, plain, drop);
+  for (const auto& p : table::entries) {
+    const auto& q = text_table::at(p.kind, p.layer, p.codebook);
+    CHECK(std::equal(flat.begin() + q.offset, flat.begin() + q.offset + q.numel(), plain.begin() + p.offset));
+  }
+}
+
+TEST_CASE("condition tensors without a Hugging Face equivalent are named, and left out only on request", "[hf][conditions]") {
+  const auto flat = distinct_params_of<mixed_table>();
+  const auto views = io::parameter_views<tiny, mixed_conds>(flat);
+  std::vector<std::string_view> names;
+  for (const auto& v : views) names.push_back(v.name);
+  CHECK(io::names_without_hf_equivalent(names) ==
+        std::vector<std::string>{"condition_provider.conditioners.key.embed.weight",
+                                 "condition_provider.conditioners.key.output_proj.weight",
+                                 "condition_provider.conditioners.key.output_proj.bias"});
+  auto m = mapping_error([&] { (void)io::to_hf<tiny, mixed_conds>(flat); });
+  CHECK_THAT(m, Contains("3 condition tensor(s) have no Hugging Face equivalent: condition_provider.conditioners.key.embed.weight, "
+                         "condition_provider.conditioners.key.output_proj.weight, "
+                         "condition_provider.conditioners.key.output_proj.bias") &&
+                    Contains("skip_unmapped_conditions"));
+  io::hf_options skip;
+  skip.skip_unmapped_conditions = true;
+  const auto hf = io::to_hf<tiny, mixed_conds>(flat, skip);
+  CHECK(hf.size() == 40);  // as text_conds: the key's three tensors left out
+  CHECK(has(hf, "enc_to_dec_proj.weight"));
+  for (const auto& t : hf) CHECK(t.name.find("key") == std::string::npos);
+
+  // reading: refused by name, or the tables keep what they held
+  std::vector<float> back(flat.size(), -7.0f);
+  m = mapping_error([&] { io::from_hf<tiny, mixed_conds>(hf, back); });
+  CHECK_THAT(m, Contains("condition_provider.conditioners.key.embed.weight"));
+  CHECK(std::all_of(back.begin(), back.end(), [](float x) { return x == -7.0f; }));
+  io::from_hf<tiny, mixed_conds>(hf, back, skip);
+  for (const auto& p : mixed_table::entries) {
+    INFO(etude::param_name(p));
+    const bool kept = std::string(etude::param_name(p)).find(".key.") != std::string::npos;
+    for (etude::index_t i = 0; i < p.numel(); ++i)
+      CHECK(back[static_cast<std::size_t>(p.offset + i)] == (kept ? -7.0f : flat[static_cast<std::size_t>(p.offset + i)]));
+  }
+  // the general form leaves them out of its result, keeping the table's order otherwise
+  const auto specs = io::parameter_specs<tiny, mixed_conds>();
+  const auto tensors = io::from_hf(hf, specs, skip);
+  REQUIRE(tensors.size() == specs.size() - 3);
+  CHECK(tensors[0].name == "condition_provider.conditioners.text.output_proj.weight");
+  CHECK(tensors[2].name == "emb.0.weight");
+
+  // fuse::sum: no cross-attention and no text, so every condition tensor is unmapped
+  using sum_table = etude::param_table<tiny, sum_conds>;
+  const auto sflat = distinct_params_of<sum_table>();
+  CHECK_THAT(mapping_error([&] { (void)io::to_hf<tiny, sum_conds>(sflat); }), Contains("3 condition tensor(s)"));
+  CHECK(io::to_hf<tiny, sum_conds>(sflat, skip).size() == 26);
+}
+
+TEST_CASE("which embedding is enc_to_dec_proj: the only one, or the one named; several unnamed are refused", "[hf][conditions]") {
+  using two_table = etude::param_table<tiny, two_texts>;
+  const auto flat = distinct_params_of<two_table>();
+  auto m = mapping_error([&] { (void)io::to_hf<tiny, two_texts>(flat); });
+  CHECK_THAT(m, Contains("which condition is transformers' enc_to_dec_proj is ambiguous: the model has 2 cond::embeddings "
+                         "(clap, text); set hf_options::text_condition"));
+  const auto specs = io::parameter_specs<tiny, two_texts>();
+  CHECK_THAT(mapping_error([&] { (void)io::from_hf(std::vector<io::tensor_view>{}, specs); }), Contains("ambiguous"));
+  io::hf_options o;
+  o.text_condition = "text";
+  // the other embedding is then unmapped: named, or skipped on request
+  CHECK_THAT(mapping_error([&] { (void)io::to_hf<tiny, two_texts>(flat, o); }),
+             Contains("2 condition tensor(s) have no Hugging Face equivalent: condition_provider.conditioners.clap.output_proj.weight"));
+  o.skip_unmapped_conditions = true;
+  const auto hf = io::to_hf<tiny, two_texts>(flat, o);
+  CHECK(named(hf, "enc_to_dec_proj.weight").data.data() == flat.data() + two_table::at(etude::param_kind::cond_proj, -1, 0).offset);
+  o.text_condition = "clap";
+  const auto hf_clap = io::to_hf<tiny, two_texts>(flat, o);
+  CHECK(named(hf_clap, "enc_to_dec_proj.weight").shape == std::vector<std::uint64_t>{8, 4});
+  o.text_condition = "lyrics";
+  CHECK_THAT(mapping_error([&] { (void)io::to_hf<tiny, two_texts>(flat, o); }),
+             Contains("hf_options::text_condition \"lyrics\" is not a cond::embedding of the model (its cond::embeddings: clap, text)"));
+  o.text_condition = "key";
+  const auto mflat = distinct_params_of<mixed_table>();
+  CHECK_THAT(mapping_error([&] { (void)io::to_hf<tiny, mixed_conds>(mflat, o); }),
+             Contains("\"key\" is not a cond::embedding of the model (its cond::embeddings: text)"));
 }

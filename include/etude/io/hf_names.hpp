@@ -16,11 +16,29 @@
 //   out_norm.{weight,bias}                       (D)    model.decoder.layer_norm.{weight,bias}
 //   linears.{k}.weight                        (C, D)    lm_heads.{k}.weight
 //
-// and, for checkpoints of conditioned models (etude's table has no cross-attention today, so these
-// are recognised to be named, then refused as unexpected, or dropped on request):
-//   transformer.layers.{i}.cross_attention.in_proj_weight   model.decoder.layers.{i}.encoder_attn.{q,k,v}_proj.weight
-//   transformer.layers.{i}.cross_attention.out_proj.weight  model.decoder.layers.{i}.encoder_attn.out_proj.weight
-//   transformer.layers.{i}.norm_cross.{weight,bias}         model.decoder.layers.{i}.encoder_attn_layer_norm.{weight,bias}
+// and, for models conditioned by cross-attention (fuse::cross, fuse::cross_unmasked):
+//   transformer.layers.{i}.norm_cross.{weight,bias}    (D)   model.decoder.layers.{i}.encoder_attn_layer_norm.{weight,bias}
+//   transformer.layers.{i}.cross_attention.in_proj_weight    model.decoder.layers.{i}.encoder_attn.q_proj.weight  rows [0, D)
+//                                            (3D, D)         model.decoder.layers.{i}.encoder_attn.k_proj.weight  rows [D, 2D)
+//                                                            model.decoder.layers.{i}.encoder_attn.v_proj.weight  rows [2D, 3D)
+//   transformer.layers.{i}.cross_attention.out_proj.weight   model.decoder.layers.{i}.encoder_attn.out_proj.weight
+//   condition_provider.conditioners.{text}.output_proj.weight (D, W)   enc_to_dec_proj.weight
+//   condition_provider.conditioners.{text}.output_proj.bias   (D)      enc_to_dec_proj.bias
+//
+// enc_to_dec_proj is no tensor of MusicgenForCausalLM: it sits at the top level of
+// MusicgenForConditionalGeneration (never under hf_options::prefix), where it projects the text
+// encoder's states (B, L, W) to the decoder's width; the CausalLM takes the projected states as
+// encoder_hidden_states. {text} is the model's one cond::embedding, or the one hf_options::
+// text_condition names (several embeddings without that choice are refused as ambiguous). Where
+// the text encoder is as wide as the decoder, transformers builds no enc_to_dec_proj (the states
+// go in as they are): an identity weight and a zero bias under that name say the same. Every other
+// condition tensor (attribute tables and their projections, further embeddings) has no place in
+// transformers' MusicGen: to_hf and from_hf refuse them by name unless hf_options::
+// skip_unmapped_conditions is set, and then the Hugging Face model attends to the text alone, so it
+// is not the same model. Semantics: MusicgenForConditionalGeneration zeroes the projected states at
+// padded positions and masks them in cross-attention, which is etude's fuse::cross; AudioCraft's
+// unmasked attention (fuse::cross_unmasked) is the CausalLM given zero-padded states and no
+// encoder_attention_mask.
 //
 // This is the renaming transformers' own AudioCraft converter applies (convert_musicgen_transformers.py:
 // emb -> model.decoder.embed_tokens, transformer -> model.decoder, linear1/2 -> fc1/2, norm1 ->
@@ -83,10 +101,18 @@ struct tensor_spec {
 struct hf_options {
   // Prepended to every Hugging Face name: "" for MusicgenForCausalLM, "decoder." for the decoder inside
   // MusicgenForConditionalGeneration. from_hf ignores tensors outside a non-empty prefix (the text
-  // encoder, the audio encoder, enc_to_dec_proj), and refuses unknown names inside it.
+  // encoder, the audio encoder, and enc_to_dec_proj unless the model has a text condition), and
+  // refuses unknown names inside it. enc_to_dec_proj never takes the prefix.
   std::string prefix;
   // from_hf: skip the cross-attention tensors (encoder_attn*) instead of refusing them as unexpected.
   bool drop_cross_attention = false;
+  // The cond::embedding whose projection is transformers' enc_to_dec_proj; "" picks the model's only
+  // cond::embedding (a model with several is refused as ambiguous until this names one).
+  std::string text_condition;
+  // Condition tensors with no Hugging Face equivalent (attribute tables and projections, embeddings
+  // other than the text condition): refused by name when false; when true, to_hf leaves them out and
+  // from_hf neither expects nor writes them (into a flat buffer they keep what they held).
+  bool skip_unmapped_conditions = false;
   // Names the tensor set in error messages (a file path, say).
   std::string where = "Hugging Face MusicGen tensors";
 };
@@ -116,6 +142,24 @@ inline constexpr std::array<local_pair, 2> hf_packed_names{{
 }};
 inline constexpr std::array<std::string_view, 3> hf_qkv = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
 inline constexpr std::string_view hf_positions = "model.decoder.embed_positions.weights";
+inline constexpr std::string_view hf_text_projection = "enc_to_dec_proj.";  // + weight, bias
+inline constexpr std::string_view audiocraft_conditioners = "condition_provider.conditioners.";
+
+// A condition tensor's name split in the condition's name and the part after it ("embed.weight",
+// "output_proj.weight", "output_proj.bias"); nullopt for any other name. Condition names may hold
+// dots, so the part is matched at the end.
+struct condition_part {
+  std::string_view condition;
+  std::string_view part;
+};
+inline std::optional<condition_part> split_condition(std::string_view name) {
+  if (!name.starts_with(audiocraft_conditioners)) return std::nullopt;
+  name.remove_prefix(audiocraft_conditioners.size());
+  for (std::string_view part : {"embed.weight", "output_proj.weight", "output_proj.bias"})
+    if (name.size() > part.size() + 1 && name.ends_with(part) && name[name.size() - part.size() - 1] == '.')
+      return condition_part{name.substr(0, name.size() - part.size() - 1), part};
+  return std::nullopt;
+}
 
 // Strips `head` followed by a canonical decimal index and a '.', returning the index; nullopt when
 // `s` does not have that form ("01" is not canonical, so no two spellings name one tensor).
@@ -157,8 +201,13 @@ inline std::uint64_t numel_of(const std::vector<std::uint64_t>& shape) {
 }  // namespace detail
 
 // The Hugging Face name(s) of an AudioCraft name: one, or three (q, k, v) for a packed in_proj_weight;
-// empty when the name is not one of the MusicGen LM's parameters.
-inline std::vector<std::string> hf_names_of(std::string_view name) {
+// empty when the name is not one of the MusicGen LM's parameters. With a text condition named, its
+// projection's weight and bias are enc_to_dec_proj's (with no prefix: see the top of this file).
+inline std::vector<std::string> hf_names_of(std::string_view name, std::string_view text_condition = {}) {
+  if (const auto c = detail::split_condition(name); c && !text_condition.empty() && c->condition == text_condition) {
+    if (c->part == "output_proj.weight") return {std::string(detail::hf_text_projection) + "weight"};
+    if (c->part == "output_proj.bias") return {std::string(detail::hf_text_projection) + "bias"};
+  }
   std::string_view s = name;
   if (auto k = detail::take_index(s, "emb."); k && s == "weight")
     return {"model.decoder.embed_tokens." + std::to_string(*k) + ".weight"};
@@ -182,12 +231,20 @@ inline std::vector<std::string> hf_names_of(std::string_view name) {
 }
 
 // Where a Hugging Face tensor goes: the AudioCraft name, and for a q/k/v projection which third of
-// the packed matrix it is (0 q, 1 k, 2 v; -1 for a whole tensor). nullopt for unknown names.
+// the packed matrix it is (0 q, 1 k, 2 v; -1 for a whole tensor). nullopt for unknown names, and
+// for enc_to_dec_proj unless a text condition is named to receive it.
 struct audiocraft_target {
   std::string name;
   int third = -1;
 };
-inline std::optional<audiocraft_target> audiocraft_name_of(std::string_view hf) {
+inline std::optional<audiocraft_target> audiocraft_name_of(std::string_view hf, std::string_view text_condition = {}) {
+  if (!text_condition.empty() && hf.starts_with(detail::hf_text_projection)) {
+    const std::string_view part = hf.substr(detail::hf_text_projection.size());
+    if (part == "weight" || part == "bias")
+      return audiocraft_target{std::string(detail::audiocraft_conditioners) + std::string(text_condition) +
+                               ".output_proj." + std::string(part)};
+    return std::nullopt;
+  }
   std::string_view s = hf;
   if (auto k = detail::take_index(s, "model.decoder.embed_tokens."); k && s == "weight")
     return audiocraft_target{"emb." + std::to_string(*k) + ".weight"};
@@ -209,10 +266,64 @@ inline std::optional<audiocraft_target> audiocraft_name_of(std::string_view hf) 
   return std::nullopt;
 }
 
+// The condition whose projection is transformers' enc_to_dec_proj, among a model's tensor names:
+// hf_options::text_condition (checked to be a cond::embedding of theirs), else the one
+// cond::embedding (a condition with a projection and no table), else "" when there is none.
+// Several embeddings and no choice is ambiguous, and refused.
+inline std::string text_condition_of(std::span<const std::string_view> names, const hf_options& options = {}) {
+  std::set<std::string_view> projected, tabled;
+  for (auto n : names)
+    if (const auto c = detail::split_condition(n)) (c->part == "embed.weight" ? tabled : projected).insert(c->condition);
+  std::vector<std::string> embeddings;
+  for (auto c : projected)
+    if (!tabled.contains(c)) embeddings.emplace_back(c);
+  const std::string list = embeddings.empty() ? "none" : detail::list_some(embeddings);
+  if (!options.text_condition.empty()) {
+    if (std::find(embeddings.begin(), embeddings.end(), options.text_condition) == embeddings.end())
+      throw name_mapping_error(options.where + ": hf_options::text_condition \"" + options.text_condition +
+                               "\" is not a cond::embedding of the model (its cond::embeddings: " + list +
+                               "); name the embedding whose encoder feeds enc_to_dec_proj");
+    return options.text_condition;
+  }
+  if (embeddings.size() > 1)
+    throw name_mapping_error(options.where + ": which condition is transformers' enc_to_dec_proj is ambiguous: the model has " +
+                             std::to_string(embeddings.size()) + " cond::embeddings (" + list +
+                             "); set hf_options::text_condition to the one whose encoder feeds the decoder");
+  return embeddings.empty() ? std::string() : embeddings[0];
+}
+
+// The names among `names` that have no Hugging Face equivalent: condition tensors other than the
+// text condition's projection (attribute tables and projections, further embeddings).
+inline std::vector<std::string> names_without_hf_equivalent(std::span<const std::string_view> names,
+                                                            const hf_options& options = {}) {
+  const std::string text = text_condition_of(names, options);
+  std::vector<std::string> out;
+  for (auto n : names)
+    if (detail::split_condition(n) && hf_names_of(n, text).empty()) out.emplace_back(n);
+  return out;
+}
+
+namespace detail {
+inline std::string unmapped_message(const hf_options& options, const std::vector<std::string>& unmapped) {
+  return options.where + ": " + std::to_string(unmapped.size()) +
+         " condition tensor(s) have no Hugging Face equivalent: " + list_some(unmapped) +
+         " (transformers' MusicGen feeds its decoder one text encoder's states through enc_to_dec_proj; attribute "
+         "tables and other conditions have no place there); set hf_options::skip_unmapped_conditions to leave them "
+         "out, knowing the Hugging Face model then attends to the text condition alone";
+}
+}  // namespace detail
+
 // etude's tensors (AudioCraft names) as Hugging Face tensors. The results view the inputs' floats:
 // a packed (3D, D) in_proj_weight becomes three (D, D) views of its row blocks, so nothing is copied.
+// A conditioned model's cross-attention maps as the self-attention does; its text condition's
+// projection becomes enc_to_dec_proj (unprefixed); its other condition tensors are refused by name,
+// or left out with hf_options::skip_unmapped_conditions.
 inline std::vector<tensor_view> to_hf(std::span<const tensor_view> audiocraft, const hf_options& options = {}) {
+  std::vector<std::string_view> all;
+  for (const auto& t : audiocraft) all.push_back(t.name);
+  const std::string text = text_condition_of(all, options);
   std::vector<tensor_view> out;
+  std::vector<std::string> unmapped;
   std::set<std::string_view> seen;
   for (const auto& t : audiocraft) {
     const std::string who = options.where + ": tensor \"" + t.name + "\": ";
@@ -221,13 +332,18 @@ inline std::vector<tensor_view> to_hf(std::span<const tensor_view> audiocraft, c
       throw name_mapping_error(who + "shape " + detail::shape_str(t.shape) + " has " +
                                std::to_string(detail::numel_of(t.shape)) + " elements but the view holds " +
                                std::to_string(t.data.size()));
-    const auto names = hf_names_of(t.name);
+    const auto names = hf_names_of(t.name, text);
+    if (names.empty() && detail::split_condition(t.name)) {
+      unmapped.push_back(t.name);
+      continue;
+    }
     if (names.empty())
       throw name_mapping_error(who + "not a MusicGen LM parameter name (expected emb.{k}.weight, "
                                      "transformer.layers.{i}.<norm1|self_attn|norm2|linear1|linear2...>, "
                                      "out_norm.{weight,bias} or linears.{k}.weight)");
     if (names.size() == 1) {
-      out.push_back({options.prefix + names[0], t.shape, t.data});
+      const bool top_level = names[0].starts_with(detail::hf_text_projection);
+      out.push_back({top_level ? names[0] : options.prefix + names[0], t.shape, t.data});
       continue;
     }
     if (t.shape.size() != 2 || t.shape[0] % 3 != 0)
@@ -236,6 +352,8 @@ inline std::vector<tensor_view> to_hf(std::span<const tensor_view> audiocraft, c
     for (std::size_t p = 0; p < 3; ++p)
       out.push_back({options.prefix + names[p], {rows, cols}, t.data.subspan(p * rows * cols, rows * cols)});
   }
+  if (!unmapped.empty() && !options.skip_unmapped_conditions)
+    throw name_mapping_error(detail::unmapped_message(options, unmapped));
   return out;
 }
 
@@ -243,13 +361,26 @@ inline std::vector<tensor_view> to_hf(std::span<const tensor_view> audiocraft, c
 // of etude's table, in its order; the result follows that order). The set must map exactly: every
 // expected tensor present with its shape (q, k and v each a third of the packed rows), no name given
 // twice, nothing unknown and nothing unexpected. One error lists every problem. The q/k/v thirds are
-// merged into one packed matrix; other tensors are copied.
+// merged into one packed matrix; other tensors are copied. An expected text condition's projection
+// is read from enc_to_dec_proj (outside the prefix); expected condition tensors with no Hugging Face
+// equivalent are refused by name, or, with hf_options::skip_unmapped_conditions, left out of the
+// result (which then follows the expected order without them).
 inline std::vector<tensor_data> from_hf(std::span<const tensor_view> hf, std::span<const tensor_spec> expected,
                                         const hf_options& options = {}) {
   struct slot {
     const tensor_view* whole = nullptr;
     std::array<const tensor_view*, 3> thirds{};
   };
+  std::vector<std::string_view> expected_names;
+  for (const auto& spec : expected) expected_names.push_back(spec.name);
+  const std::string text = text_condition_of(expected_names, options);
+  const auto unmapped = names_without_hf_equivalent(expected_names, options);
+  if (!unmapped.empty() && !options.skip_unmapped_conditions)
+    throw name_mapping_error(detail::unmapped_message(options, unmapped));
+  const std::set<std::string_view> skipped(unmapped.begin(), unmapped.end());
+  bool expects_cross = false;
+  for (auto n : expected_names) expects_cross = expects_cross || detail::is_cross_attention(n);
+
   std::map<std::string, slot> found;  // by AudioCraft name
   std::set<std::string_view> seen;
   std::vector<std::string> twice, unknown, unexpected, missing, bad_shape;
@@ -265,12 +396,14 @@ inline std::vector<tensor_data> from_hf(std::span<const tensor_view> hf, std::sp
       continue;
     }
     std::string_view name = t.name;
-    if (!options.prefix.empty()) {
+    // enc_to_dec_proj sits beside the decoder, never under the prefix
+    const bool top_level = !text.empty() && name.starts_with(detail::hf_text_projection);
+    if (!options.prefix.empty() && !top_level) {
       if (!name.starts_with(options.prefix)) continue;  // another sub-model's tensor
       name.remove_prefix(options.prefix.size());
     }
     if (name == detail::hf_positions) continue;  // the fixed sinusoid table, rebuilt by every reader
-    const auto target = audiocraft_name_of(name);
+    const auto target = audiocraft_name_of(name, text);
     if (!target) {
       unknown.push_back(t.name);
       continue;
@@ -283,15 +416,17 @@ inline std::vector<tensor_data> from_hf(std::span<const tensor_view> hf, std::sp
 
   std::set<std::string_view> wanted;
   for (const auto& spec : expected) {
+    if (skipped.contains(spec.name)) continue;
     wanted.insert(spec.name);
-    const auto names = hf_names_of(spec.name);
+    const auto names = hf_names_of(spec.name, text);
     if (names.empty())
       throw invalid_argument(options.where + ": expected tensor \"" + spec.name +
                              "\" has no Hugging Face name; from_hf maps only MusicGen LM parameters");
     const auto it = found.find(spec.name);
     if (names.size() == 1) {
       const tensor_view* t = it == found.end() ? nullptr : it->second.whole;
-      if (t == nullptr) missing.push_back(options.prefix + names[0] + " " + detail::shape_str(spec.shape));
+      const bool top_level = names[0].starts_with(detail::hf_text_projection);
+      if (t == nullptr) missing.push_back((top_level ? "" : options.prefix) + names[0] + " " + detail::shape_str(spec.shape));
       else if (t->shape != spec.shape)
         bad_shape.push_back(t->name + " is " + detail::shape_str(t->shape) + ", expected " + detail::shape_str(spec.shape));
       continue;
@@ -325,17 +460,24 @@ inline std::vector<tensor_data> from_hf(std::span<const tensor_view> hf, std::sp
   report(twice, "given more than once");
   report(bad_shape, "with the wrong shape");
   if (!problems.empty()) {
-    bool cross = false;
+    bool cross = false, projection = false;
     for (const auto& n : unexpected) cross = cross || n.find("encoder_attn") != std::string::npos;
-    throw name_mapping_error(options.where + ": the tensors do not match the model: " + problems +
-                             (cross ? "; etude's model has no cross-attention: set hf_options::drop_cross_attention "
-                                      "to load the decoder without it"
-                                    : ""));
+    for (const auto& n : missing) projection = projection || n.starts_with(detail::hf_text_projection);
+    throw name_mapping_error(
+        options.where + ": the tensors do not match the model: " + problems +
+        (cross && !expects_cross ? "; etude's model has no cross-attention: set hf_options::drop_cross_attention "
+                                   "to load the decoder without it"
+                                 : "") +
+        (projection ? "; enc_to_dec_proj lives in MusicgenForConditionalGeneration, not in MusicgenForCausalLM, and "
+                      "transformers builds none where the text encoder is as wide as the decoder: there, add an "
+                      "identity weight and a zero bias under those names"
+                    : ""));
   }
 
   std::vector<tensor_data> out;
   out.reserve(expected.size());
   for (const auto& spec : expected) {
+    if (skipped.contains(spec.name)) continue;
     const slot& s = found.find(spec.name)->second;
     tensor_data d{spec.name, spec.shape, {}};
     if (s.whole) d.data.assign(s.whole->data.begin(), s.whole->data.end());
@@ -346,11 +488,12 @@ inline std::vector<tensor_data> from_hf(std::span<const tensor_view> hf, std::sp
   return out;
 }
 
-// The names and shapes of etude's parameters for shape S (vectors are 1-D, as in a state dict).
-template <etude::shape S>
+// The names and shapes of etude's parameters for shape S and conditions Conds (vectors are 1-D, as
+// in a state dict).
+template <etude::shape S, class Conds = no_conditions>
 std::vector<tensor_spec> parameter_specs() {
   std::vector<tensor_spec> out;
-  for (const auto& p : param_table<S>::entries) {
+  for (const auto& p : param_table<S, Conds>::entries) {
     std::vector<std::uint64_t> dims;
     if (!p.is_vector()) dims.push_back(static_cast<std::uint64_t>(p.rows));
     dims.push_back(static_cast<std::uint64_t>(p.cols));
@@ -359,14 +502,14 @@ std::vector<tensor_spec> parameter_specs() {
   return out;
 }
 
-// Views of etude's flat parameter buffer (param_table<S>::total_elements floats), one per tensor.
-template <etude::shape S>
+// Views of etude's flat parameter buffer (param_table<S, Conds>::total_elements floats), one per tensor.
+template <etude::shape S, class Conds = no_conditions>
 std::vector<tensor_view> parameter_views(std::span<const float> flat) {
-  using table = param_table<S>;
+  using table = param_table<S, Conds>;
   if (flat.size() < static_cast<std::size_t>(table::total_elements))
     throw invalid_argument("parameter_views: the flat buffer holds " + std::to_string(flat.size()) +
                            " floats, the parameter table needs " + std::to_string(table::total_elements));
-  auto specs = parameter_specs<S>();
+  auto specs = parameter_specs<S, Conds>();
   std::vector<tensor_view> out;
   for (std::size_t i = 0; i < table::count; ++i) {
     const auto& p = table::entries[i];
@@ -376,26 +519,30 @@ std::vector<tensor_view> parameter_views(std::span<const float> flat) {
   return out;
 }
 
-// etude's parameters for shape S under Hugging Face names, viewing `flat`.
-template <etude::shape S>
+// etude's parameters for shape S and conditions Conds under Hugging Face names, viewing `flat`.
+template <etude::shape S, class Conds = no_conditions>
 std::vector<tensor_view> to_hf(std::span<const float> flat, const hf_options& options = {}) {
-  const auto views = parameter_views<S>(flat);
+  const auto views = parameter_views<S, Conds>(flat);
   return to_hf(std::span<const tensor_view>(views), options);
 }
 
-// Hugging Face tensors into etude's flat parameter buffer for shape S: checked as the general
-// from_hf does, then each tensor written at its offset (padding between tensors is left alone).
-// Nothing is written unless the whole set maps.
-template <etude::shape S>
+// Hugging Face tensors into etude's flat parameter buffer for shape S and conditions Conds: checked
+// as the general from_hf does, then each tensor written at its offset (padding between tensors,
+// and condition tensors skipped by hf_options::skip_unmapped_conditions, are left alone). Nothing is
+// written unless the whole set maps.
+template <etude::shape S, class Conds = no_conditions>
 void from_hf(std::span<const tensor_view> hf, std::span<float> flat, const hf_options& options = {}) {
-  using table = param_table<S>;
+  using table = param_table<S, Conds>;
   if (flat.size() < static_cast<std::size_t>(table::total_elements))
     throw invalid_argument("from_hf: the flat buffer holds " + std::to_string(flat.size()) +
                            " floats, the parameter table needs " + std::to_string(table::total_elements));
-  const auto specs = parameter_specs<S>();
+  const auto specs = parameter_specs<S, Conds>();
   const auto tensors = from_hf(hf, std::span<const tensor_spec>(specs), options);
-  for (std::size_t i = 0; i < table::count; ++i)
-    std::copy(tensors[i].data.begin(), tensors[i].data.end(), flat.begin() + table::entries[i].offset);
+  std::size_t i = 0;  // tensors follow the table's order, less the skipped ones
+  for (const auto& t : tensors) {
+    while (specs[i].name != t.name) ++i;
+    std::copy(t.data.begin(), t.data.end(), flat.begin() + table::entries[i].offset);
+  }
 }
 
 }  // namespace etude::io
