@@ -6,7 +6,8 @@
 // all (its cross-attention rows attend to nothing: att 0, lse +inf). Also: a prefetched batch is
 // reused only when its conditions are the same, not just its tokens; and the cross-attention op
 // itself against the CPU's on conditions longer than one 32-key chunk, masked, with rows that have
-// no valid position, for both head dimensions, in fp32 and bf16.
+// no valid position, for both head dimensions, in fp32 and bf16. And the same conditions prepended
+// (fuse::prepend, prepend_fp32_config) against the CPU trainer.
 // Bounds as in step.cpp for fp32: 1e-5 on the loss, 1e-4 (relative L2) on every gradient tensor
 // and on the weights after three steps. Compiled by g++; the device trainer is behind
 // step_device.hpp (step_device_cond.cu).
@@ -75,10 +76,11 @@ std::vector<float> as_vector(const Range& r) {
   return std::vector<float>(r.begin(), r.end());
 }
 
+template <class Params = params_t>
 void check_tensors(const std::vector<float>& got, const std::vector<float>& want, double bound, const char* what) {
   double worst = 0;
   std::string worst_name;
-  for (const etude::param_desc& p : params_t::entries) {
+  for (const etude::param_desc& p : Params::entries) {
     const auto off = static_cast<std::size_t>(p.offset), n = static_cast<std::size_t>(p.numel());
     const double e = etude::test::relative_l2(std::span<const float>(got.data() + off, n),
                                               std::span<const float>(want.data() + off, n));
@@ -122,6 +124,28 @@ TEST_CASE("conditioned fp32 device step matches the CPU trainer", "[gpu][step][c
     gpu->prefetch(b);
   }
   check_tensors(gpu->parameters(), as_vector(cpu.parameters()), 1e-4, "conditioned fp32 weights after 3 steps");
+}
+
+TEST_CASE("prepended conditions: the fp32 device step matches the CPU trainer", "[gpu][step][conditions]") {
+  static_assert(st::prepend_conditions::embedding_values == conds::embedding_values &&
+                st::prepend_conditions::attributes == conds::attributes);  // conditioned_batch fits both
+  using prepend_params = st::prepend_lm::params;
+  const etude::hyper h = parity_hyper(0.3);
+  etude::trainer<st::prepend_fp32_config, etude::backend::cpu> cpu{h};
+  const auto gpu = st::make_prepend_fp32(h);
+  REQUIRE(gpu->parameters().size() == cpu.parameters().size());
+  const auto batch = conditioned_batch(4);
+  check_pass(gpu->loss_and_gradients(batch), cpu.loss_and_gradients(batch));
+  check_tensors<prepend_params>(gpu->gradients(), as_vector(cpu.gradients()), 1e-4, "prepended fp32 gradients");
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    const auto b = conditioned_batch(20 + s);
+    const auto cs = cpu.step(b);
+    const auto gs = gpu->step(b);
+    CHECK(relative(gs.ce, cs.ce) <= 1e-5);
+  }
+  check_tensors<prepend_params>(gpu->parameters(), as_vector(cpu.parameters()), 1e-4,
+                                "prepended fp32 weights after 3 steps");
 }
 
 TEST_CASE("a prefetched conditioned batch is reused only with the same conditions", "[gpu][step][conditions]") {

@@ -35,5 +35,12 @@ using cond_conditions = etude::conditions<etude::cond::attribute<"key", 24>, etu
                                           etude::fuse::cross>;
 using cond_lm = etude::model<cond_shape, etude::pattern::delay<0, 1, 2, 3>, cond_conditions>;
 using cond_fp32_config = etude::train_config<cond_lm, etude::precision::fp32, etude::accumulate<2>>;
+// The same conditions prepended to the sequence (fuse::prepend): 9 condition rows in front of each
+// example's tokens, with every_layer checkpointing.
+using prepend_conditions = etude::conditions<etude::cond::attribute<"key", 24>,
+                                             etude::cond::embedding<"text", 32, 8>, etude::fuse::prepend>;
+using prepend_lm = etude::model<cond_shape, etude::pattern::delay<0, 1, 2, 3>, prepend_conditions>;
+using prepend_fp32_config = etude::train_config<prepend_lm, etude::precision::fp32, etude::accumulate<2>,
+                                                etude::checkpointing::every_layer>;
 
 }  // namespace etude::gpu_test::step

@@ -54,5 +54,7 @@ std::unique_ptr<device_trainer> make_fp32_every_layer(const hyper& h);
 std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h);
 // step_device_cond.cu: the conditioned model (cond_fp32_config), cross-attention fused
 std::unique_ptr<device_trainer> make_cond_fp32(const hyper& h);
+// step_device_cond.cu: the same conditions prepended (prepend_fp32_config)
+std::unique_ptr<device_trainer> make_prepend_fp32(const hyper& h);
 
 }  // namespace etude::gpu_test::step

@@ -335,7 +335,7 @@ class LM(nn.Module):
         super().__init__()
         ffn = 4 * dim if ffn is None else ffn
         self.codebooks, self.card, self.dim = codebooks, card, dim
-        # conditions: {"fuser": "cross" | "cross_unmasked" | "sum", "list": [...]} or None
+        # conditions: {"fuser": "cross" | "cross_unmasked" | "sum" | "prepend", "list": [...]} or None
         self.fuser = conditions["fuser"] if conditions else None
         if conditions:
             self.condition_provider = ConditionProvider(conditions["list"], dim)
@@ -375,12 +375,22 @@ class LM(nn.Module):
                 # the transformer adds the positions
                 x = sum(self.emb[k](seq[:, k]) for k in range(self.codebooks)) + c.sum(dim=1, keepdim=True)
                 x = x + sin_embedding(seq.shape[-1], self.dim, x.dtype)
+            elif self.fuser == "prepend":
+                # AudioCraft's fuser concatenates the condition tensor in front of the summed token
+                # embeddings (no mask: null and padded rows are zeros that stay in the sequence); the
+                # transformer then adds positions over the fused length and attends causally over
+                # all of it, and LMModel.forward keeps the last S positions' logits
+                x = sum(self.emb[k](seq[:, k]) for k in range(self.codebooks))
+                x = torch.cat([c, x], dim=1)
+                x = x + sin_embedding(x.shape[1], self.dim, x.dtype)
             else:
                 x = self._embed(seq)
                 src, src_mask = c, (m if self.fuser == "cross" else None)
         for layer in self.transformer.layers:
             x = layer(x, src, src_mask)
         x = self.out_norm(x)
+        if self.fuser == "prepend":
+            x = x[:, -seq.shape[-1]:]  # the condition positions' logits are dropped
         return torch.stack([lin(x) for lin in self.linears], dim=1)
 
     def trunk_fast(self, seq):

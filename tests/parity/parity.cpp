@@ -248,6 +248,10 @@ TEST_CASE("parity with PyTorch: conditions through cross-attention without a mas
   check_conditioned_parity<pat::delay<0, 1, 2, 3>, conditioned::key_mode_text<etude::fuse::cross_unmasked>>(
       "cond_cross_unmasked", adam_hyper());
 }
+TEST_CASE("parity with PyTorch: conditions prepended to the input sequence", "[parity]") {
+  check_conditioned_parity<pat::delay<0, 1, 2, 3>, conditioned::key_mode_text<etude::fuse::prepend>,
+                           etude::accumulate<2>>("cond_prepend", adam_hyper());
+}
 TEST_CASE("parity with PyTorch: attributes summed into the input", "[parity]") {
   using conds = etude::conditions<etude::cond::attribute<"key", 24, 16>, etude::cond::attribute<"mode", 2, 8>,
                                   etude::fuse::sum>;

@@ -1,8 +1,9 @@
 // Conditioned models (config/conditions.hpp): every parameter gradient against central
-// differences for each fuser (cross-attention with and without the padding mask, sum), with null
+// differences for each fuser (cross-attention with and without the padding mask, sum, prepend), with null
 // conditions and padded embeddings in the batch; activation checkpointing bit-identical to none;
 // the null condition adds exactly nothing; condition dropout's rate and determinism, and a resumed
-// run drawing what an uninterrupted one draws; bad condition input refused with the state unchanged.
+// run drawing what an uninterrupted one draws; bad condition input refused with the state unchanged;
+// fuse::prepend's length limit (its condition positions take shape.max_len's room).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -103,6 +104,15 @@ TEST_CASE("conditions: gradients without the cross-attention padding mask (Audio
 
 TEST_CASE("conditions: gradients of the sum fuser", "[conditions]") { check_gradients<attributes_only>(); }
 
+TEST_CASE("conditions: gradients of the prepend fuser (null and padded condition rows in the sequence)", "[conditions]") {
+  check_gradients<both<fuse::prepend>>();
+}
+
+TEST_CASE("conditions: gradients of prepend with attributes alone and a checkpoint policy", "[conditions]") {
+  check_gradients<etude::conditions<cond::attribute<"key", 5, 3>, cond::attribute<"mode", 2, 4>, fuse::prepend>,
+                  etude::checkpointing::every_layer>();
+}
+
 TEST_CASE("conditions: gradients with an embedding alone and a checkpoint policy", "[conditions]") {
   check_gradients<etude::conditions<cond::embedding<"text", 6, 4>>, etude::checkpointing::every_layer>();
 }
@@ -111,6 +121,33 @@ TEST_CASE("conditions: activation checkpointing is bit-identical to keeping ever
   check_checkpointing_identical<both<fuse::cross>, etude::checkpointing::every_layer>();
   check_checkpointing_identical<both<fuse::cross>, etude::checkpointing::selective>();
   check_checkpointing_identical<attributes_only, etude::checkpointing::every_nth<2>>();
+  check_checkpointing_identical<both<fuse::prepend>, etude::checkpointing::every_layer>();
+  check_checkpointing_identical<both<fuse::prepend>, etude::checkpointing::selective>();
+}
+
+TEST_CASE("conditions: prepend's condition rows take room in shape.max_len and reach the loss", "[conditions]") {
+  // LC = 6 condition positions in front; the delay pattern takes T + 1 steps of max_len 16
+  constexpr etude::shape short_shape{.codebooks = 4, .card = 7, .dim = 8, .heads = 2, .layers = 1, .ffn_mult = 2,
+                                     .max_len = 16};
+  using conds = both<fuse::prepend>;
+  using lm = etude::model<short_shape, etude::pattern::delay<0, 1, 2, 3>, conds>;
+  using plain = etude::model<short_shape, etude::pattern::delay<0, 1, 2, 3>, both<fuse::cross>>;
+  STATIC_REQUIRE(lm::prefix == conds::positions);
+  STATIC_REQUIRE(plain::prefix == 0);
+  STATIC_REQUIRE(lm::max_frames() == plain::max_frames() - conds::positions);
+  etude::trainer<etude::train_config<lm>, etude::backend::cpu> tr;
+  CHECK(std::isfinite(tr.evaluate(conditioned_batch<conds>(2, lm::max_frames(), 5)).ce));
+  try {
+    tr.step(conditioned_batch<conds>(2, lm::max_frames() + 1, 5));
+    FAIL("accepted");
+  } catch (const etude::invalid_input& e) {
+    CHECK_THAT(e.what(), Catch::Contains("less the 6 condition positions fuse::prepend puts in front"));
+  }
+  // the condition rows change what the token positions predict, unlike the null condition's
+  auto data = conditioned_batch<conds>(2, 5, 9);
+  const double with = tr.evaluate(data).ce;
+  for (auto& a : data.attributes) a = -1;
+  CHECK(tr.evaluate(data).ce != with);
 }
 
 TEST_CASE("conditions: the null condition adds exactly nothing through cross-attention", "[conditions]") {

@@ -438,15 +438,16 @@ void conditioned_cache_matches_forward() {
   etude::rng r(12);
   for (auto& t : seq) t = static_cast<etude::token_t>(r.below(C + 1));
   const condition_rows<Conds> in(B, 3);
-  // the full forward with the training transformer's condition encoder
-  const etude::index_t rows = B * steps;
+  // the full forward with the training transformer's condition encoder, over fuse::prepend's
+  // condition rows too (len positions per example, the tokens' at prefix..)
+  const etude::index_t prefix = net::prefix, len = net::positions(steps), rows = B * len;
   std::vector<float> saved(static_cast<std::size_t>(net::layout::saved_bytes(rows) / 4 + 16));
   std::vector<float> work(static_cast<std::size_t>(net::layout::work_bytes(rows) / 4 + 16));
   std::vector<float> scratch_mem(static_cast<std::size_t>(net::scratch_t::bytes(rows) / 4 + 16));
-  std::vector<float> pos(static_cast<std::size_t>(steps * D));
-  backend::sinusoid(pos.data(), steps, D);
-  const etude::index_t att = std::max(backend::attention_scratch(steps, tiny.head_dim(), false, backend::threads()),
-                                      backend::cross_attention_scratch(steps, LC, tiny.head_dim(), false, backend::threads()));
+  std::vector<float> pos(static_cast<std::size_t>(len * D));
+  backend::sinusoid(pos.data(), len, D);
+  const etude::index_t att = std::max(backend::attention_scratch(len, tiny.head_dim(), false, backend::threads()),
+                                      backend::cross_attention_scratch(len, LC, tiny.head_dim(), false, backend::threads()));
   std::vector<float> att_scratch(static_cast<std::size_t>(att));
   typename net::workspace ws{att_scratch.data(), att, nullptr};
   const typename net::scratch_t scratch(reinterpret_cast<std::byte*>(scratch_mem.data()), rows);
@@ -489,13 +490,14 @@ void conditioned_cache_matches_forward() {
       for (etude::index_t b = 0; b < B; ++b)
         for (etude::index_t i = 0; i < n; ++i)
           for (etude::index_t c = 0; c < C; ++c) {
-            const float want = full[static_cast<std::size_t>(k)][static_cast<std::size_t>((b * steps + s0 + i) * C + c)];
+            const float want = full[static_cast<std::size_t>(k)][static_cast<std::size_t>((b * len + prefix + s0 + i) * C + c)];
             const float have = got[static_cast<std::size_t>((b * n + i) * C + c)];
             worst = std::max(worst, static_cast<double>(std::abs(have - want)) / (1.0 + std::abs(want)));
           }
     }
     s0 += n;
   }
+  CHECK(dec.length() == steps);
   CHECK(worst < 1e-5);
 }
 
@@ -506,6 +508,40 @@ TEST_CASE("a conditioned model's cached decode gives its full forward's logits",
   conditioned_cache_matches_forward<etude::conditions<etude::cond::attribute<"key", 5, 8>,
                                                       etude::cond::embedding<"text", 6, 3>, etude::fuse::cross_unmasked>>();
   conditioned_cache_matches_forward<sum_conds>();
+  conditioned_cache_matches_forward<etude::conditions<etude::cond::attribute<"key", 5, 8>,
+                                                      etude::cond::embedding<"text", 6, 3>, etude::fuse::prepend>>();
+}
+
+TEST_CASE("prepend: generation counts the condition positions against max_len and guides", "[generate]") {
+  using conds = etude::conditions<etude::cond::attribute<"key", 5, 8>, etude::cond::embedding<"text", 6, 3>,
+                                  etude::fuse::prepend>;
+  using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>, conds>;
+  using plain = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>, gen_conds>;
+  using gen = etude::generator<lm, backend>;
+  CHECK(gen::max_frames() == etude::generator<plain, backend>::max_frames() - conds::positions);
+  const auto w = random_weights<lm>(8);
+  gen g(w);
+  etude::generation_options o = opts(2, 16, 5);
+  o.sampling.greedy = true;
+  etude::condition_input a, b;
+  a.attributes = {1};
+  b.attributes = {3};
+  b.embeddings.assign(static_cast<std::size_t>(conds::embedding_values), 0.5f);
+  const std::vector<etude::condition_input> ab{a, b};
+  const auto plain_tokens = g.generate(o, nullptr, ab);
+  CHECK(all_in_range(plain_tokens));
+  const auto nulls = g.generate(o, nullptr, std::vector<etude::condition_input>{etude::generation_conditions<lm>::null_input(),
+                                                                                 etude::generation_conditions<lm>::null_input()});
+  CHECK(nulls.tokens != plain_tokens.tokens);
+  o.cfg_coef = 3.0;
+  const auto guided = g.generate(o, nullptr, ab);
+  CHECK(guided.tokens == g.generate(o, nullptr, ab).tokens);
+  CHECK(all_in_range(guided));
+  // the cache holds the condition rows in front of the 16 + 3 fed steps, for conditional and null rows
+  CHECK(g.memory().cache == 4 * tiny.layers * (conds::positions + 16 + 3) * 2 * tiny.dim * 4);
+  o.frames = gen::max_frames() + 1;
+  CHECK(error_of([&] { g.generate(o, nullptr, ab); }).find("condition positions fuse::prepend puts in front") !=
+        std::string::npos);
 }
 
 TEST_CASE("guidance with a conditioned model: the conditions steer, null rows are batched, coefficients apply", "[generate]") {

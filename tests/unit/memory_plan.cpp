@@ -1,7 +1,8 @@
 // The memory plan against measurement: every heap byte the trainer's process allocates through
 // operator new during construction and two steps is counted (this program replaces the global
 // allocation functions), and the peak must agree with the constexpr plan within 2% over a grid
-// of shapes, microbatches, sequence lengths, precision and checkpoint policies.
+// of shapes, microbatches, sequence lengths, precision and checkpoint policies, and for conditioned
+// models (cross-attention, and fuse::prepend's longer sequences).
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -103,6 +104,12 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
     high.store(base);
     etude::token_batch b = sample;  // the batch as the loader hands it over: tokens and mask
     b.mask.assign(static_cast<std::size_t>(batch * S.codebooks * frames), 1);
+    using conds = typename lm::conditions;
+    if constexpr (conds::count > 0) {  // and its conditions: value 0 of each attribute, embeddings
+      b.attributes.assign(static_cast<std::size_t>(batch * conds::attributes), 0);
+      b.embeddings.assign(static_cast<std::size_t>(batch * conds::embedding_values), 0.25f);
+      b.embedding_mask.assign(static_cast<std::size_t>(batch * conds::embedding_positions), 1);
+    }
     etude::hyper h;
     h.total_steps = 10;
     etude::cpu_trainer<Config> t{h};
@@ -137,6 +144,10 @@ constexpr etude::shape wider{.codebooks = 4, .card = 256, .dim = 128, .heads = 4
 using lm_small = etude::model<small, etude::pattern::delay<0, 1, 2, 3>>;
 using lm_wider = etude::model<wider, etude::pattern::delay<0, 1, 2, 3>>;
 using lm_flat = etude::model<small, etude::pattern::flatten>;
+template <class Fuser>
+using small_conds = etude::conditions<etude::cond::attribute<"key", 24, 16>, etude::cond::embedding<"text", 32, 20>, Fuser>;
+using lm_cross = etude::model<small, etude::pattern::delay<0, 1, 2, 3>, small_conds<etude::fuse::cross>>;
+using lm_prepend = etude::model<small, etude::pattern::delay<0, 1, 2, 3>, small_conds<etude::fuse::prepend>>;
 
 }  // namespace
 
@@ -151,4 +162,9 @@ TEST_CASE("the arena's measured peak agrees with the memory plan within 2%", "[m
       check<etude::train_config<lm_wider, pr::bf16, ck::every_nth<2>, etude::optim::sgd<true>>>(b, frames);
     }
   check<etude::train_config<lm_flat, pr::bf16, ck::none>>(2, 40);
+  for (etude::index_t b : {1, 4}) {
+    check<etude::train_config<lm_cross, pr::fp32, ck::selective>>(b, 64);
+    check<etude::train_config<lm_prepend, pr::fp32, etude::accumulate<2>>>(b, 64);
+    check<etude::train_config<lm_prepend, pr::fp32, ck::every_layer>>(b, 120);
+  }
 }

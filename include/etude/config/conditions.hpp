@@ -17,7 +17,13 @@
 //   query, keys and values from the raw condition tensor, padded condition positions masked),
 //   fuse::cross_unmasked (AudioCraft's exact behaviour: no mask, padded positions are zero vectors
 //   that still take part in the softmax), fuse::sum (the condition added to every input position;
-//   attributes only, since an attribute has one position).
+//   attributes only, since an attribute has one position), fuse::prepend (AudioCraft's 'prepend':
+//   the condition tensor's LC rows placed in front of the token embeddings, positions added over
+//   all LC + S rows, causal self-attention over them, the LC rows' logits dropped; no mask, so null
+//   and padded positions are zero rows that still sit in the sequence and take positions of
+//   shape.max_len). AudioCraft prepends condition after condition, so with several prepended
+//   conditions its sequence starts with the last one; etude keeps the list order (list them in
+//   reverse to match such a model).
 //
 // A dropped or missing condition is AudioCraft's null condition: zero vectors, so cross-attention
 // adds exactly zero when every condition is null. The model lays the conditions out in list order,
@@ -84,7 +90,7 @@ namespace fuse {
 
 struct fuser_tag {};
 
-enum class method : unsigned char { none, cross, sum };
+enum class method : unsigned char { none, cross, sum, prepend };
 
 struct cross : fuser_tag {
   static constexpr method how = method::cross;
@@ -100,6 +106,11 @@ struct sum : fuser_tag {
   static constexpr method how = method::sum;
   static constexpr bool mask_padding = false;
   static constexpr const char* name = "sum";
+};
+struct prepend : fuser_tag {
+  static constexpr method how = method::prepend;
+  static constexpr bool mask_padding = false;  // AudioCraft's prepend takes no mask
+  static constexpr const char* name = "prepend";
 };
 
 }  // namespace fuse
@@ -137,9 +148,11 @@ template <class... Cs>
 struct conditions {
   static_assert(((std::is_base_of_v<cond::condition_tag, Cs> || std::is_base_of_v<fuse::fuser_tag, Cs>) && ...),
                 "etude::conditions<...>: every argument must be a condition (cond::attribute<\"name\", values>, "
-                "cond::embedding<\"name\", width, max_len>) or a fuser (fuse::cross, fuse::cross_unmasked, fuse::sum)");
+                "cond::embedding<\"name\", width, max_len>) or a fuser (fuse::cross, fuse::cross_unmasked, fuse::sum, "
+                "fuse::prepend)");
   static_assert((0 + ... + (std::is_base_of_v<fuse::fuser_tag, Cs> ? 1 : 0)) <= 1,
-                "etude::conditions<...>: name at most one fuser (fuse::cross, fuse::cross_unmasked or fuse::sum)");
+                "etude::conditions<...>: name at most one fuser (fuse::cross, fuse::cross_unmasked, fuse::sum or "
+                "fuse::prepend)");
 
   using fuser = typename detail::pick_fuser<fuse::cross, Cs...>::type;
   static constexpr int count = (0 + ... + (std::is_base_of_v<cond::condition_tag, Cs> ? 1 : 0));
@@ -205,7 +218,7 @@ struct conditions {
   static_assert(!has_duplicate_names(), "etude::conditions<...>: two conditions share a name; give each its own");
   static_assert(fuser::how != fuse::method::sum || embeddings == 0,
                 "fuse::sum adds each condition to every position, so it takes cond::attribute only: use fuse::cross "
-                "for a cond::embedding");
+                "or fuse::prepend for a cond::embedding");
 
   static std::string describe() {
     std::string s = "conditions<";
@@ -241,6 +254,12 @@ template <class C>
 constexpr fuse::method fusion_of() {
   if constexpr (std::is_void_v<typename C::fuser>) return fuse::method::none;
   else return C::fuser::how;
+}
+// Condition positions the transformer sees in front of the tokens: LC with fuse::prepend, else 0.
+template <class C>
+constexpr int prepended_positions() {
+  if constexpr (std::is_void_v<typename C::fuser>) return 0;
+  else return C::fuser::how == fuse::method::prepend ? C::positions : 0;
 }
 template <class C>
 constexpr bool masks_condition_padding() {

@@ -71,12 +71,13 @@ class generator {
   static index_t positions(index_t frames) {
     return static_cast<index_t>(pattern_type::layout(K, frames).size()) - 1;
   }
-  // The most frames a generation may have: its positions must fit shape.max_len.
+  // The most frames a generation may have: its positions, after fuse::prepend's condition
+  // positions, must fit shape.max_len.
   static index_t max_frames() {
     index_t lo = 0, hi = S.max_len;
     while (lo < hi) {
       const index_t mid = (lo + hi + 1) / 2;
-      if (positions(mid) <= S.max_len) lo = mid; else hi = mid - 1;
+      if (Model::prefix + positions(mid) <= S.max_len) lo = mid; else hi = mid - 1;
     }
     return lo;
   }
@@ -103,9 +104,13 @@ class generator {
                           std::to_string(frames) + " to generate (frames counts the prompt): raise frames/seconds "
                           "or shorten the prompt");
     const index_t fed = positions(frames);
-    if (fed > S.max_len)
+    if (Model::prefix + fed > S.max_len)
       throw invalid_input("generate: " + std::to_string(frames) + " frames need " + std::to_string(fed) +
-                          " pattern steps with " + pattern_type::describe() + ", beyond shape.max_len (" +
+                          " pattern steps with " + pattern_type::describe() +
+                          (Model::prefix > 0 ? " after the " + std::to_string(Model::prefix) +
+                                                   " condition positions fuse::prepend puts in front"
+                                             : std::string()) +
+                          ", beyond shape.max_len (" +
                           std::to_string(S.max_len) + "): generate at most " + std::to_string(max_frames()) +
                           " frames (prompt included), or train a model with a larger max_len");
 

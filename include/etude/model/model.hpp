@@ -53,15 +53,22 @@ struct model {
   using params = param_table<Shape, Conditions>;
   using activations = activation_table<Shape, fusion == fuse::method::cross>;
 
-  // Frames that fit in shape.max_len pattern steps.
+  // Condition positions in front of the tokens (fuse::prepend; 0 otherwise): the transformer runs
+  // over prefix + S positions, all of which must fit shape.max_len.
+  static constexpr index_t prefix = prepended_positions<Conditions>();
+
+  // Frames that fit in shape.max_len positions: the pattern steps, after any prepended conditions.
   static constexpr index_t max_frames() {
     index_t lo = 0, hi = Shape.max_len;
     while (lo < hi) {
       const index_t mid = (lo + hi + 1) / 2;
-      if (Pattern::steps(Shape.codebooks, mid) <= Shape.max_len) lo = mid; else hi = mid - 1;
+      if (prefix + Pattern::steps(Shape.codebooks, mid) <= Shape.max_len) lo = mid; else hi = mid - 1;
     }
     return lo;
   }
+  static_assert(prefix == 0 || max_frames() >= 1,
+                "shape.max_len is too short for even one frame after the condition positions fuse::prepend puts in "
+                "front of the tokens (Conditions::positions): raise max_len or shorten the conditions");
   static_assert(max_frames() >= 1, "shape.max_len is too short for even one frame with this pattern: raise max_len");
 
   // Matrix-multiply FLOPs of one forward pass per token position (2 per multiply-add), and the

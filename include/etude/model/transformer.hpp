@@ -3,8 +3,11 @@
 // exact-GELU FFN, no biases), final LayerNorm, K heads with a fused softmax cross-entropy. A
 // conditioned model (config/conditions.hpp) first turns its conditions into the condition tensor
 // (tables and projections, null conditions zero) and then either cross-attends to it in every
-// layer (pre-LN on the query, keys and values from the raw tensor) or adds it to every input
-// position (fuse::sum).
+// layer (pre-LN on the query, keys and values from the raw tensor), adds it to every input
+// position (fuse::sum), or places its LC rows in front of the tokens (fuse::prepend: the layers
+// run over LC + S positions per example, the prepended rows' targets are −1 so the heads' loss
+// drops them, and their gradient goes back into the condition encoder, never into an embedding
+// table).
 // Storage dtypes come from a precision policy (weights param_t, activations and their gradients
 // activation_t, parameter gradients grad_t, statistics and positions compute_t); which
 // activations are kept for backward and which are recomputed comes from a checkpoint policy.
@@ -26,7 +29,8 @@
 
 namespace etude {
 
-// Scratch for the heads and the backward pass, laid out for exactly `rows` token positions (B·S),
+// Scratch for the heads and the backward pass, laid out for exactly `rows` positions (B·S, or
+// B·(LC+S) with fuse::prepend),
 // in the activation dtype: every user of the scratch takes its pointers from here.
 template <shape S, class A>
 struct transformer_scratch {
@@ -77,10 +81,12 @@ struct condition_io {
   A* rows = nullptr;                    // (b, widest attribute table)               [scratch]
   A* csum = nullptr;                    // (b, D) fuse::sum: the summed conditions   [scratch]
 };
+// (fuse::prepend reads cond in the forward and writes dcond in the backward; it needs no kv or csum.)
 
 // Bytes of a microbatch's condition inputs, saved tensors and scratch, for nb examples.
-template <shape S, class Conds, bool Cross, class A, class F>
+template <shape S, class Conds, fuse::method M, class A, class F>
 struct condition_sizes {
+  static constexpr bool Cross = M == fuse::method::cross;
   static constexpr index_t LC = Conds::positions;
   static constexpr index_t widest_attribute() {
     index_t w = 0;
@@ -98,7 +104,7 @@ struct condition_sizes {
   static constexpr index_t kv_bytes(index_t nb) { return Cross ? r(nb * LC * 2 * S.dim * a) : 0; }
   static constexpr index_t saved(index_t nb) { return LC == 0 ? 0 : cond_bytes(nb) + S.layers * kv_bytes(nb); }
   static constexpr index_t rows_bytes(index_t nb) { return r(nb * widest_attribute() * a); }
-  static constexpr index_t csum_bytes(index_t nb) { return Cross ? 0 : r(nb * S.dim * a); }
+  static constexpr index_t csum_bytes(index_t nb) { return M == fuse::method::sum ? r(nb * S.dim * a) : 0; }
   static constexpr index_t scratch(index_t nb) {
     return LC == 0 ? 0 : cond_bytes(nb) + kv_bytes(nb) + rows_bytes(nb) + csum_bytes(nb);
   }
@@ -117,14 +123,19 @@ struct transformer {
   using conds = typename Model::conditions;
   static constexpr bool cross = Model::fusion == fuse::method::cross;
   static constexpr bool summed = Model::fusion == fuse::method::sum;
+  static constexpr bool prepended = Model::fusion == fuse::method::prepend;
   static constexpr bool conditioned = Model::conditioned;
   using layout = activation_layout<S, A, F, Ckpt, cross>;
   using scratch_t = transformer_scratch<S, A>;
   using workspace = op_workspace<F>;
   using condition_t = condition_io<A, F>;
-  using condition_layout = condition_sizes<S, conds, cross, A, F>;
+  using condition_layout = condition_sizes<S, conds, Model::fusion, A, F>;
   static constexpr index_t D = S.dim, FF = S.ffn(), C = S.card;
   static constexpr index_t LC = conds::positions;
+  // Positions in front of each example's S token steps (LC with fuse::prepend, else 0), and the
+  // positions the layers, the heads and every per-row buffer see.
+  static constexpr index_t prefix = Model::prefix;
+  static constexpr index_t positions(index_t steps) { return prefix + steps; }
   static constexpr int K = S.codebooks;
 
   // Pointers to one layer's slots, for `rows` positions: kept slots in the saved region, the
@@ -180,19 +191,27 @@ struct transformer {
     Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws.gemm);
   }
 
-  // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (S, D). The scratch is
-  // free during the forward (the heads write it after).
+  // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (positions(S), D); saved,
+  // work and scratch laid out for B·positions(S) rows. The scratch is free during the forward (the
+  // heads write it after).
   static void forward(const W* p, std::byte* saved, std::byte* work, const token_t* seq, const F* pos, index_t batch,
                       index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
-    const index_t rows = batch * steps;
+    const index_t len = positions(steps), rows = batch * len;
     const W* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
     if constexpr (conditioned) encode_conditions(p, cd, batch, ws);
     A* x0 = layer_at(saved, work, 0, rows).x_in;
-    Backend::embedding_fwd(x0, seq, tables, pos, batch, K, steps, D);
+    if constexpr (prepended) {
+      // the token rows with their positions LC.. in scratch.dx, then each example's condition rows
+      // (positions 0..LC−1) in front of them, AudioCraft's torch.cat([cond, input], dim=1)
+      Backend::embedding_fwd(scratch.dx, seq, tables, pos + prefix * D, batch, K, steps, D);
+      Backend::prepend_rows(x0, cd.cond, scratch.dx, pos, batch, LC, steps, D);
+    } else {
+      Backend::embedding_fwd(x0, seq, tables, pos, batch, K, steps, D);
+    }
     if constexpr (summed) Backend::add_rows(x0, cd.csum, batch, steps, D);
     for (int l = 0; l < S.layers; ++l)
-      layer_forward(p, l, layer_at(saved, work, l, rows), batch, steps, scratch.dh, ws, true, cd);
+      layer_forward(p, l, layer_at(saved, work, l, rows), batch, len, scratch.dh, ws, true, cd);
     Backend::layernorm_fwd(final_at<A>(saved, final_slot::lnf, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), final_at<A>(saved, final_slot::x_out, rows),
                            param(p, param_kind::out_norm_weight), param(p, param_kind::out_norm_bias), rows, D);
@@ -327,7 +346,7 @@ struct transformer {
   }
 
   // Heads and loss for codebook k: *loss += the summed cross-entropy against target ((B·S) token
-  // or −1), weighted by *weight. With backward also the head backward: dlnf (B·S, D) =
+  // or −1; with fuse::prepend rows = B·(LC+S) and the prepended rows' targets −1), weighted by *weight. With backward also the head backward: dlnf (B·S, D) =
   // (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf. The weight carries the loss normalisation
   // and, with loss scaling, the scale; weight and loss live where the backend runs.
   static void head(const W* p, G* g, std::byte* saved, A* logits, A* dlnf, const token_t* target, int k,
@@ -346,7 +365,7 @@ struct transformer {
   // (accumulated into g), recomputing what the checkpoint policy did not keep.
   static void backward(const W* p, G* g, std::byte* saved, std::byte* work, const token_t* seq, index_t batch,
                        index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
-    const index_t rows = batch * steps;
+    const index_t len = positions(steps), rows = batch * len;
     A* dx = scratch.dx;
     A* dh = scratch.dh;
     A* dqkv = scratch.dqkv;
@@ -361,7 +380,7 @@ struct transformer {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
       // write it before they read it
-      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, steps, dh, ws, false, cd);
+      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd);
       mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
       mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
       Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
@@ -369,10 +388,10 @@ struct transformer {
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);
       Backend::layernorm_bwd(dx, param(g, param_kind::norm2_weight, l), param(g, param_kind::norm2_bias, l), dh,
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
-      if constexpr (cross) cross_backward(p, g, l, a, batch, steps, scratch, ws, cd);
+      if constexpr (cross) cross_backward(p, g, l, a, batch, len, scratch, ws, cd);
       mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
-      Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, steps, S.heads,
+      Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, len, S.heads,
                                                     ws.attention, ws.attention_size);
       mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, param(g, param_kind::qkv, l), D);
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
@@ -381,7 +400,14 @@ struct transformer {
     }
     G* dtables[K];
     for (int k = 0; k < K; ++k) dtables[k] = param(g, param_kind::embedding, -1, k);
-    Backend::embedding_bwd(dtables, dx, seq, batch, K, steps, D);
+    if constexpr (prepended) {
+      // the prepended rows' gradient into dcond, the token rows' into dh (free: the first layer's
+      // LayerNorm backward consumed it), so no embedding table sees a condition row
+      Backend::prepend_rows_bwd(cd.dcond, dh, dx, batch, LC, steps, D);
+      Backend::embedding_bwd(dtables, dh, seq, batch, K, steps, D);
+    } else {
+      Backend::embedding_bwd(dtables, dx, seq, batch, K, steps, D);
+    }
     if constexpr (summed) {
       // every condition position of an example was added to each of its positions
       Backend::sum_rows(cd.csum, dx, batch, steps, D);

@@ -10,6 +10,13 @@
 //   mask_rows(x (R, N), mask (R), ldx)              x[r] *= mask[r] (in place; mask 0 or 1)
 //   add_rows(x (B·S, N), c (B, N), S)               x[b·S + s] += c[b]: fuse::sum's broadcast
 //   sum_rows(dc (B, N), dx (B·S, N), S)             dc[b] = Σ_s dx[b·S + s] (=)
+//   prepend_rows(x (B·(LC+S), N), cond (B·LC, N), tok (B·S, N), pos (LC, N), B, LC, S, N)
+//       fuse::prepend's sequence (=): x[b·(LC+S) + i] = cond[b·LC + i] + pos(i) for i < LC, added in
+//       the compute type and rounded once; x[b·(LC+S) + LC + s] = tok[b·S + s] (a copy: the token
+//       rows arrive with their positions LC + s already added by embedding_fwd).
+//   prepend_rows_bwd(dcond (B·LC, N), dtok (B·S, N), dx (B·(LC+S), N), B, LC, S, N)
+//       its backward (=, both): dcond[b·LC + i] = dx[b·(LC+S) + i], dtok[b·S + s] =
+//       dx[b·(LC+S) + LC + s]; the prepended rows reach no embedding table (embedding_bwd reads dtok).
 // index is int32 in the backend's memory; mask in the compute type.
 #pragma once
 
@@ -31,6 +38,8 @@ concept condition_op = requires(typename Policy::activation_t* a, typename Polic
   B::mask_rows(a, f, n, n, n);
   B::add_rows(a, a, n, n, n);
   B::sum_rows(a, a, n, n, n);
+  B::prepend_rows(a, a, a, f, n, n, n, n);
+  B::prepend_rows_bwd(a, a, a, n, n, n, n);
 };
 
 }  // namespace etude::ops

@@ -103,7 +103,11 @@ void check_batch(const batch_view& b, bool training, int microbatches) {
                         std::to_string(microbatches));
   if (b.frames > Model::max_frames())
     throw invalid_input(what + " has " + std::to_string(b.frames) + " frames; with this pattern shape.max_len (" +
-                        std::to_string(S.max_len) + ") allows at most " + std::to_string(Model::max_frames()) +
+                        std::to_string(S.max_len) + ")" +
+                        (Model::prefix > 0 ? " less the " + std::to_string(Model::prefix) +
+                                                 " condition positions fuse::prepend puts in front"
+                                           : std::string()) +
+                        " allows at most " + std::to_string(Model::max_frames()) +
                         ": crop the segments or raise max_len");
   for (index_t e = 0; e < b.batch; ++e)
     for (int k = 0; k < K; ++k)

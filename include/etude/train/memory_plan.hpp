@@ -84,7 +84,9 @@ struct plan_options {
 };
 
 // The trainer's step workspace: one arena per microbatch of `nb` examples and `steps` pattern
-// steps, carved in this order. The trainer takes its pointers from here; the plan sums it.
+// steps, carved in this order. The trainer takes its pointers from here; the plan sums it. Every
+// per-row region counts the positions the transformer sees, net::positions(steps) per example
+// (fuse::prepend's condition rows included); the pattern sequences count the steps.
 template <class Config, class Backend>
 struct step_workspace {
   using model = typename Config::model;
@@ -105,21 +107,21 @@ struct step_workspace {
     constexpr index_t inputs() const { return seq + target + cond_in; }
   };
   static constexpr regions sizes(index_t nb, index_t steps, int threads) {
-    const index_t rows = nb * steps;
-    const auto tokens = arena::round_up(rows * S.codebooks * static_cast<index_t>(sizeof(token_t)));
+    const index_t len = net::positions(steps), rows = nb * len;
+    auto tokens = [](index_t n) { return arena::round_up(n * S.codebooks * static_cast<index_t>(sizeof(token_t))); };
     using cl = typename net::condition_layout;
-    return {tokens,
-            tokens,
+    return {tokens(nb * steps),
+            tokens(rows),  // targets: −1 on the prepended rows
             cl::inputs(nb),
             arena::round_up(net::layout::saved_bytes(rows)),
             arena::round_up(net::layout::work_bytes(rows)),
             cl::saved(nb),
             arena::round_up(net::scratch_t::bytes(rows)),
             cl::scratch(nb),
-            arena::round_up(attention_values(steps, threads) * static_cast<index_t>(sizeof(F))),
+            arena::round_up(attention_values(len, threads) * static_cast<index_t>(sizeof(F))),
             arena::round_up(Backend::template gemm_workspace_bytes<policy>())};
   }
-  // The attention scratch, shared by self- and cross-attention.
+  // The attention scratch, shared by self- and cross-attention, for `steps` positions per example.
   static constexpr index_t attention_values(index_t steps, int threads) {
     const index_t self = Backend::attention_scratch(steps, S.head_dim(), staged, threads);
     if constexpr (net::cross) {
@@ -161,8 +163,9 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   using conds = typename model::conditions;
   p.inputs = batch * K * frames * (size(token_t{}) + 1) + ws.seq + ws.target + 2 * K * steps * size(index_t{}) +
              batch * (conds::attributes * 4 + conds::embedding_values * 4 + conds::embedding_positions) + ws.cond_in;
+  // (the positions table covers the prepended rows too)
   p.temporaries = ws.work + ws.scratch + ws.cond_scratch + ws.attention + ws.gemm +
-                  steps * S.dim * size(typename policy::compute_t{});
+                  step_workspace<Config, Backend>::net::positions(steps) * S.dim * size(typename policy::compute_t{});
   p.communication =
       options.world_size > 1 && !std::is_same_v<typename policy::comm_t, typename policy::grad_t>
           ? P * size(typename policy::comm_t{})

@@ -370,7 +370,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
     control_.begin();
     results_t* r = control_.results();
     for (index_t c = 0; c < chunks; ++c) {
-      const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0), rows = nb * steps;
+      const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0), rows = nb * net::positions(steps);
       const auto sz = workspace_layout::sizes(nb, steps, threads());
       used = std::max(used, sz.total());
       const microbatch_workspace w = carve(nb, steps);

@@ -1,5 +1,6 @@
 // The CPU's condition ops (spec: ops/condition.hpp): table lookups with the null condition, bias
-// rows, row masks, and fuse::sum's broadcast and its reduction. Reductions run in a fixed order.
+// rows, row masks, fuse::sum's broadcast and its reduction, and fuse::prepend's row placement.
+// Reductions run in a fixed order.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,37 @@ struct cpu_condition {
         for (index_t t = 0; t < steps; ++t) s += cpu_detail::cv<F>(dx[(b * steps + t) * n + j]);
         dc[b * n + j] = cpu_detail::cv<C>(s);
       }
+  }
+  template <class X, class C, class T, class P>
+  static void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
+                           index_t n) {
+    using F = cpu_detail::compute_of<X>;
+    const index_t len = lc + steps;
+#pragma omp parallel for schedule(static)
+    for (index_t r = 0; r < batch * len; ++r) {
+      const index_t b = r / len, i = r % len;
+      X* out = x + r * n;
+      if (i < lc) {
+        const C* c = cond + (b * lc + i) * n;
+        for (index_t j = 0; j < n; ++j) out[j] = cpu_detail::cv<X>(cpu_detail::cv<F>(c[j]) + cpu_detail::cv<F>(pos[i * n + j]));
+      } else {
+        const T* t = tok + (b * steps + i - lc) * n;
+        for (index_t j = 0; j < n; ++j) out[j] = cpu_detail::cv<X>(t[j]);
+      }
+    }
+  }
+  template <class C, class T, class X>
+  static void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
+    const index_t len = lc + steps;
+#pragma omp parallel for schedule(static)
+    for (index_t r = 0; r < batch * len; ++r) {
+      const index_t b = r / len, i = r % len;
+      const X* in = dx + r * n;
+      if (i < lc)
+        for (index_t j = 0; j < n; ++j) dcond[(b * lc + i) * n + j] = cpu_detail::cv<C>(in[j]);
+      else
+        for (index_t j = 0; j < n; ++j) dtok[(b * steps + i - lc) * n + j] = cpu_detail::cv<T>(in[j]);
+    }
   }
 };
 

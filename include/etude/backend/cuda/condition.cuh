@@ -1,6 +1,6 @@
 // The CUDA backend's condition ops (spec: ops/condition.hpp) on the current stream: table lookups
-// with the null condition (index −1: a zero row), bias rows, row masks, and fuse::sum's broadcast
-// and its reduction. Elementwise ones are grid-stride loops; every reduction is one thread per
+// with the null condition (index −1: a zero row), bias rows, row masks, fuse::sum's broadcast
+// and its reduction, and fuse::prepend's row placement (elementwise, so bit-identical too). Elementwise ones are grid-stride loops; every reduction is one thread per
 // output element walking its terms in the CPU backend's order, with no atomics:
 //   condition_gather_bwd: a thread per table column walks the examples in order (rounded after
 //                         every add, as the CPU does for 16-bit gradients);
@@ -94,6 +94,26 @@ __global__ void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index
   });
 }
 
+template <class X, class C, class T, class P>
+__global__ void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t lc, index_t steps, index_t n,
+                             index_t total) {
+  grid_stride<1>(total, [&](index_t e) {
+    const index_t len = lc + steps, r = e / n, j = e % n, b = r / len, i = r % len;
+    x[e] = i < lc ? from_float<X>(to_float(cond[(b * lc + i) * n + j]) + to_float(pos[i * n + j]))
+                  : from_float<X>(to_float(tok[(b * steps + i - lc) * n + j]));
+  });
+}
+
+template <class C, class T, class X>
+__global__ void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t lc, index_t steps, index_t n,
+                                 index_t total) {
+  grid_stride<1>(total, [&](index_t e) {
+    const index_t len = lc + steps, r = e / n, j = e % n, b = r / len, i = r % len;
+    if (i < lc) dcond[(b * lc + i) * n + j] = from_float<C>(to_float(dx[e]));
+    else dtok[(b * steps + i - lc) * n + j] = from_float<T>(to_float(dx[e]));
+  });
+}
+
 // Blocks for `n` threads' worth of work (a grid-stride loop covers the rest).
 template <class T>
 inline unsigned grid(index_t n) {
@@ -176,6 +196,30 @@ void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
   ETUDE_CUDA_CHECK_LAUNCH("sum_rows");
 }
 
+// fuse::prepend's sequence: x[b·(LC+S) + i] = cond[b·LC + i] + pos(i) for i < LC, then the token
+// rows tok[b·S + s] copied after them.
+template <class X, class C, class T, class P>
+void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
+                  index_t n) {
+  const index_t total = batch * (lc + steps) * n;
+  if (total <= 0) return;
+  using tune = tuning<op::condition, X>;
+  detail::cond::prepend_rows<<<detail::cond::grid<X>(total), tune::threads, 0, current().stream()>>>(
+      dev(x), dev(cond), dev(tok), dev(pos), lc, steps, n, total);
+  ETUDE_CUDA_CHECK_LAUNCH("prepend_rows");
+}
+
+// Its backward: the prepended rows' gradient to dcond, the token rows' to dtok (both =).
+template <class C, class T, class X>
+void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
+  const index_t total = batch * (lc + steps) * n;
+  if (total <= 0) return;
+  using tune = tuning<op::condition, X>;
+  detail::cond::prepend_rows_bwd<<<detail::cond::grid<X>(total), tune::threads, 0, current().stream()>>>(
+      dev(dcond), dev(dtok), dev(dx), lc, steps, n, total);
+  ETUDE_CUDA_CHECK_LAUNCH("prepend_rows_bwd");
+}
+
 }  // namespace etude::cuda
 
 namespace etude::backend {
@@ -211,6 +255,15 @@ struct cuda_condition {
   template <class C, class X>
   static void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
     ::etude::cuda::sum_rows(dc, dx, batch, steps, n);
+  }
+  template <class X, class C, class T, class P>
+  static void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
+                           index_t n) {
+    ::etude::cuda::prepend_rows(x, cond, tok, pos, batch, lc, steps, n);
+  }
+  template <class C, class T, class X>
+  static void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
+    ::etude::cuda::prepend_rows_bwd(dcond, dtok, dx, batch, lc, steps, n);
   }
 };
 

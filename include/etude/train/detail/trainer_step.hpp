@@ -17,7 +17,7 @@ namespace etude {
 // Pointers of one microbatch's workspace, carved from the arena in step_workspace's order.
 template <class Config, class Backend>
 typename trainer<Config, Backend>::microbatch_workspace trainer<Config, Backend>::carve(index_t nb, index_t steps) {
-  const index_t rows = nb * steps;
+  const index_t rows = nb * net::positions(steps);
   const int th = threads();
   const auto sz = workspace_layout::sizes(nb, steps, th);
   index_t at = 0;
@@ -55,44 +55,52 @@ typename trainer<Config, Backend>::microbatch_workspace trainer<Config, Backend>
           saved,
           work,
           typename net::scratch_t(scratch, rows),
-          {sz.attention > 0 ? attention : nullptr, workspace_layout::attention_values(steps, th),
+          {sz.attention > 0 ? attention : nullptr, workspace_layout::attention_values(net::positions(steps), th),
            sz.gemm > 0 ? gemm : nullptr},
           cond};
 }
 
 // Makes the arena and the positions large enough for microbatches of nb examples of `steps`
-// steps. Between steps only: a new address invalidates whatever the executor captured.
+// steps (positions: fuse::prepend's condition rows too). Between steps only: a new address
+// invalidates whatever the executor captured.
 template <class Config, class Backend>
 void trainer<Config, Backend>::reserve_shape(index_t nb, index_t steps) {
   arena_ = exec_.workspace(workspace_layout::sizes(nb, steps, threads()).total());
-  pos_used_ = steps;
-  if (steps > pos_steps_) {
+  const index_t len = net::positions(steps);
+  pos_used_ = len;
+  if (len > pos_steps_) {
     // position s's values do not depend on the length, so one table serves every shorter batch
-    pos_ = typename executor::template buffer<compute_type>(steps * S.dim);
-    Backend::sinusoid(pos_.data(), steps, S.dim);
-    pos_steps_ = steps;
+    pos_ = typename executor::template buffer<compute_type>(len * S.dim);
+    Backend::sinusoid(pos_.data(), len, S.dim);
+    pos_steps_ = len;
     exec_.invalidate();
   }
 }
 
 // Pattern sequences and targets of examples [b0, b0 + nb) at `out` (the seq region, then the
 // target region, then a conditioned model's condition inputs, as step_workspace lays them out),
-// under the pattern plan of b's length.
+// under the pattern plan of b's length. Targets cover every position the heads see: with
+// fuse::prepend each example's LC condition rows come first, with target −1 (AudioCraft drops
+// their logits).
 template <class Config, class Backend>
 void trainer<Config, Backend>::lay_out(const batch_view& b, index_t b0, index_t nb, std::byte* out,
                                        bool dropout) const {
   const pattern_plan& plan = plan_;
-  const index_t steps = plan.steps, rows = nb * steps;
+  constexpr index_t prefix = net::prefix;
+  const index_t steps = plan.steps, len = net::positions(steps), rows = nb * len;
   const auto sz = workspace_layout::sizes(nb, steps, threads());
   auto* seq = reinterpret_cast<token_t*>(out);
   auto* target = reinterpret_cast<token_t*>(out + sz.seq);
   for (index_t e = 0; e < nb; ++e)
-    for (int k = 0; k < K; ++k)
+    for (int k = 0; k < K; ++k) {
+      for (index_t i = 0; i < prefix; ++i) target[k * rows + e * len + i] = token_t{-1};
       for (index_t s = 0; s < steps; ++s) {
         const index_t src = plan.source_at(k, s), tgt = plan.target_at(k, s);
         seq[(e * K + k) * steps + s] = src >= 0 ? b.token(b0 + e, k, src) : static_cast<token_t>(S.card);
-        target[k * rows + e * steps + s] = tgt >= 0 && b.valid(b0 + e, k, tgt) ? b.token(b0 + e, k, tgt) : token_t{-1};
+        target[k * rows + e * len + prefix + s] =
+            tgt >= 0 && b.valid(b0 + e, k, tgt) ? b.token(b0 + e, k, tgt) : token_t{-1};
       }
+    }
   if constexpr (model::conditioned) lay_out_conditions(b, b0, nb, out + sz.seq + sz.target, dropout);
 }
 
@@ -213,7 +221,7 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
 // (loss_and_gradients).
 template <class Config, class Backend>
 void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool update) {
-  const index_t rows = nb * steps;
+  const index_t rows = nb * net::positions(steps);  // the heads see fuse::prepend's rows too
   const auto sz = workspace_layout::sizes(nb, steps, threads());
   control_.begin();
   results_t* r = control_.results();
