@@ -106,7 +106,7 @@ class decoder {
     if constexpr (conditioned) {
       using conds = typename Model::conditions;
       cond_index_ = buf<std::int32_t>(std::max<index_t>(1, rows * conds::attributes));
-      cond_embedding_ = buf<F>(std::max<index_t>(1, rows * conds::embedding_values));
+      cond_embedding_ = buf<A>(std::max<index_t>(1, rows * conds::embedding_values));
       cond_mask_ = buf<F>(rows * LC);
       cond_ = buf<A>(rows * LC * D);
       cond_kv_ = buf<A>(cross ? L * rows * LC * 2 * D : 1);
@@ -132,8 +132,8 @@ class decoder {
     if constexpr (conditioned) {
       using conds = typename Model::conditions;
       [[maybe_unused]] const auto guard = exec_.enter();
-      std::vector<F> emb(static_cast<std::size_t>(rows_ * conds::embedding_values));
-      for (std::size_t i = 0; i < emb.size(); ++i) emb[i] = static_cast<F>(embeddings[i]);
+      std::vector<A> emb(static_cast<std::size_t>(rows_ * conds::embedding_values));
+      for (std::size_t i = 0; i < emb.size(); ++i) emb[i] = A(embeddings[i]);
       std::vector<F> mask(static_cast<std::size_t>(rows_ * LC));
       for (index_t r = 0; r < rows_; ++r)
         for (const condition_desc& c : conds::list)
@@ -312,7 +312,7 @@ class decoder {
   std::vector<A> host_logits_;
   // conditioned models
   buf<std::int32_t> cond_index_;  // (rows, attributes)
-  buf<F> cond_embedding_;         // (rows, embedding_values)
+  buf<A> cond_embedding_;         // (rows, embedding_values)
   buf<F> cond_mask_;              // (rows, LC)
   buf<A> cond_, cond_kv_, cond_rows_, cond_sum_;
   buf<F> cross_scratch_;

@@ -72,7 +72,8 @@ struct op_workspace {
 template <class A, class F>
 struct condition_io {
   const std::int32_t* index = nullptr;  // (b, attributes) value index, −1: null condition
-  const F* embedding = nullptr;         // (b, embedding_values) every embedding, list order
+  const A* embedding = nullptr;         // (b, embedding_values) every embedding, list order, stored as
+                                        // an activation (a 16-bit policy's products take 16-bit inputs)
   const F* mask = nullptr;              // (b, LC) 1: a real condition position, 0: padding or null
   A* cond = nullptr;                    // (b·LC, D) the condition tensor            [saved]
   A* kv = nullptr;                      // (layers, b·LC, 2D) cross keys and values  [saved]
@@ -97,7 +98,7 @@ struct condition_sizes {
   static constexpr index_t r(index_t bytes) { return arena::round_up(bytes); }
   static constexpr index_t a = sizeof(A), f = sizeof(F);
   static constexpr index_t index_bytes(index_t nb) { return r(nb * Conds::attributes * 4); }
-  static constexpr index_t embedding_bytes(index_t nb) { return r(nb * Conds::embedding_values * f); }
+  static constexpr index_t embedding_bytes(index_t nb) { return r(nb * Conds::embedding_values * a); }
   static constexpr index_t mask_bytes(index_t nb) { return r(nb * LC * f); }
   static constexpr index_t inputs(index_t nb) { return index_bytes(nb) + embedding_bytes(nb) + mask_bytes(nb); }
   static constexpr index_t cond_bytes(index_t nb) { return r(nb * LC * S.dim * a); }

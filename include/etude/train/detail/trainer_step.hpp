@@ -41,7 +41,7 @@ typename trainer<Config, Backend>::microbatch_workspace trainer<Config, Backend>
     using cl = typename net::condition_layout;
     using A = typename policy::activation_t;
     cond.index = reinterpret_cast<const std::int32_t*>(cond_in);
-    cond.embedding = reinterpret_cast<const compute_type*>(cond_in + cl::index_bytes(nb));
+    cond.embedding = reinterpret_cast<const A*>(cond_in + cl::index_bytes(nb));
     cond.mask = reinterpret_cast<const compute_type*>(cond_in + cl::index_bytes(nb) + cl::embedding_bytes(nb));
     cond.cond = reinterpret_cast<A*>(cond_saved);
     cond.kv = reinterpret_cast<A*>(cond_saved + cl::cond_bytes(nb));
@@ -118,7 +118,8 @@ void trainer<Config, Backend>::lay_out_conditions(const batch_view& b, index_t b
   constexpr int A = conds::attributes, LC = conds::positions;
   constexpr index_t EV = conds::embedding_values;
   auto* index = reinterpret_cast<std::int32_t*>(out);
-  auto* emb = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb));
+  using act = typename policy::activation_t;
+  auto* emb = reinterpret_cast<act*>(out + cl::index_bytes(nb));
   auto* mask = reinterpret_cast<compute_type*>(out + cl::index_bytes(nb) + cl::embedding_bytes(nb));
   const std::uint64_t draw = dropout_draw();
   const bool batch_dropped = dropout && hyper_.condition_dropout > 0.0 &&
@@ -139,10 +140,10 @@ void trainer<Config, Backend>::lay_out_conditions(const batch_view& b, index_t b
         mask[e * LC + c.first_position] = compute_type(v >= 0 ? 1 : 0);
       } else {
         const bool present = !dropped && b.embeddings != nullptr;
-        compute_type* dst = emb + e * EV + c.input_offset;
+        act* dst = emb + e * EV + c.input_offset;
         const float* from = present ? b.embeddings + src * EV + c.input_offset : nullptr;
         for (index_t i = 0; i < static_cast<index_t>(c.width) * c.positions; ++i)
-          dst[i] = present ? static_cast<compute_type>(from[i]) : compute_type(0);
+          dst[i] = present ? act(from[i]) : act(0.0f);
         for (int p = 0; p < c.positions; ++p) {
           const bool real =
               present && (b.embedding_mask == nullptr ||
