@@ -1,8 +1,11 @@
-// Samples token sequences from a model of the tiny configuration (examples/train_tiny_config.hpp)
-// trained by train_tiny: loads a checkpoint (file or run directory) or a weights file, generates
-// with the options below and writes one .npy file [K, T] (int32) per sample into --output.
-// Rendering the tokens (MIDI, WAV) is another program's job.
-//   generate --checkpoint RUN/checkpoints --frames 64 --batch 4 --top-k 50 --output out/
+// Samples chorales from a model of the tiny configuration (examples/train_tiny_config.hpp, conditioned
+// on key and mode) trained by train_tiny: loads a checkpoint (file or run directory) or a weights
+// file, generates with the options below for the asked key and mode (classifier-free guidance,
+// --cfg-coef, default 3), and writes each sample into --output as tokens (.npy [K, T], int32), a MIDI
+// file, a WAV (FluidSynth and the GM soundfont) and a piano roll (PNG), with the sample checks'
+// warnings printed. The key and mode are read through the run's vocabulary (RUN/conditions.json,
+// or --vocabulary FILE).
+//   generate --checkpoint runs/tiny --key D --mode minor --frames 128 --batch 2 --output out/
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -10,9 +13,11 @@
 #include <limits>
 #include <string>
 
+#include <etude/data/condition_vocab.hpp>
 #include <etude/data/npy.hpp>
 #include <etude/generate/load.hpp>
 
+#include "chorale_samples.hpp"
 #include "cli.hpp"
 #include "train_tiny_config.hpp"
 
@@ -20,8 +25,10 @@ namespace {
 
 struct options {
   std::string checkpoint, weights, prompt, output = "generated";
+  std::string key, mode, vocabulary, soundfont;
   etude::generation_options gen;
   bool greedy = false;
+  bool no_wav = false, no_png = false;
 };
 
 options parse(int argc, char** argv) {
@@ -43,8 +50,16 @@ options parse(int argc, char** argv) {
                          "sample among the k most likely (0: all)");
   etude_cli::add_number(app, "--top-p", o.gen.sampling.top_p, 0.0, false, "nucleus sampling mass (0: off)", 1.0);
   app.add_flag("--greedy", o.greedy, "argmax instead of sampling");
+  o.gen.cfg_coef = 3.0;
   etude_cli::add_number(app, "--cfg-coef", o.gen.cfg_coef, 0.0, false,
-                        "classifier-free guidance (1: none; the tiny model has no conditions)");
+                        "classifier-free guidance: uncond + (cond - uncond) * coef (1: none)");
+  app.add_option("--key", o.key, "the key's tonic, e.g. D, F#, Bb (omitted: the null condition)");
+  app.add_option("--mode", o.mode, "major or minor (omitted: the null condition)");
+  app.add_option("--vocabulary", o.vocabulary, "the run's condition vocabulary (default: conditions.json of the run "
+                                               "directory that holds --checkpoint)");
+  app.add_option("--soundfont", o.soundfont, "General MIDI soundfont for the WAVs (default: Debian's FluidR3_GM)");
+  app.add_flag("--no-wav", o.no_wav, "write no WAV");
+  app.add_flag("--no-png", o.no_png, "write no piano roll");
   app.add_option("--prompt", o.prompt, "a .npy [K, T] of codes to continue (kept verbatim in every sample)");
   app.add_option("--output", o.output, "directory for sample-<i>.npy");
   etude_cli::parse(app, argc, argv);
@@ -56,21 +71,45 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// One sample as a C-order little-endian int32 .npy [K, T] (format 1.0).
-void write_npy(const std::filesystem::path& file, const etude::token_batch& t, etude::index_t b) {
-  std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (" + std::to_string(t.codebooks) + ", " +
-                       std::to_string(t.frames) + "), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream f(file, std::ios::binary);
-  const auto len = static_cast<std::uint16_t>(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  const char l[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
-  f.write(l, 2);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  f.write(reinterpret_cast<const char*>(&t.tokens[static_cast<std::size_t>(b * t.codebooks * t.frames)]),
-          static_cast<std::streamsize>(t.codebooks * t.frames * 4));
-  if (!f) throw etude::file_error(file.string() + ": could not be written; check --output");
+// The vocabulary that turns --key and --mode into the model's value indices: --vocabulary, or the
+// conditions.json of the run directory --checkpoint names (a run directory, its checkpoints/ or a
+// checkpoint file in it).
+etude::data::condition_vocab vocabulary_of(const options& o) {
+  namespace fs = std::filesystem;
+  fs::path file = o.vocabulary;
+  if (file.empty()) {
+    if (o.checkpoint.empty())
+      throw etude::invalid_argument("--key/--mode with --weights need --vocabulary (a run's conditions.json)");
+    for (fs::path p = fs::absolute(o.checkpoint); !p.empty() && p != p.parent_path(); p = p.parent_path())
+      if (fs::exists(p / "conditions.json")) {
+        file = p / "conditions.json";
+        break;
+      }
+    if (file.empty())
+      throw etude::invalid_argument("--key/--mode: no conditions.json found above " + o.checkpoint +
+                                    "; pass the run's vocabulary with --vocabulary");
+  }
+  return etude::data::condition_vocab::load<tiny_conditions>(file);
+}
+
+// One sample's condition: the asked key and mode, or the null condition for what was not asked.
+etude::condition_input condition_of(const options& o) {
+  etude::condition_input c;
+  c.attributes = {-1, -1};
+  if (o.key.empty() && o.mode.empty()) return c;
+  const auto vocab = vocabulary_of(o);
+  auto index = [&](const char* attribute, const std::string& value, const char* option) {
+    if (value.empty()) return std::int32_t{-1};
+    const std::int32_t i = vocab.find(attribute)->find(value);
+    if (i < 0) {
+      std::string known;
+      for (const auto& v : vocab.find(attribute)->values) known += (known.empty() ? "" : ", ") + v;
+      throw etude::invalid_argument(std::string(option) + " '" + value + "' is not in the run's vocabulary (" + known + ")");
+    }
+    return i;
+  };
+  c.attributes = {index("key", o.key, "--key"), index("mode", o.mode, "--mode")};
+  return c;
 }
 
 }  // namespace
@@ -95,12 +134,17 @@ int main(int argc, char** argv) try {
         }
   }
   const etude::batch_view pv = prompt.view();
-  const auto out = gen.generate(o.gen, o.prompt.empty() ? nullptr : &pv);
-  std::filesystem::create_directories(o.output);
+  const std::vector<etude::condition_input> conds(static_cast<std::size_t>(o.gen.batch), condition_of(o));
+  const auto out = gen.generate(o.gen, o.prompt.empty() ? nullptr : &pv, conds);
+  const nlohmann::ordered_json asked = {{"key", o.key.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.key)},
+                                        {"mode", o.mode.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(o.mode)},
+                                        {"cfg_coef", o.gen.cfg_coef}};
   for (etude::index_t b = 0; b < out.batch; ++b) {
-    const auto file = std::filesystem::path(o.output) / ("sample-" + std::to_string(b) + ".npy");
-    write_npy(file, out, b);
-    std::printf("%s: [%d, %ld]\n", file.string().c_str(), out.codebooks, static_cast<long>(out.frames));
+    const auto r = etude_examples::write_chorale_sample(o.output, std::to_string(b), out, b, asked,
+                                                        {.soundfont = o.soundfont, .wav = !o.no_wav, .png = !o.no_png});
+    std::printf("%s: [%d, %ld], %lld notes\n", r["tokens"].get<std::string>().c_str(), out.codebooks,
+                static_cast<long>(out.frames), static_cast<long long>(r["notes"].get<etude::index_t>()));
+    for (const auto& w : r["warnings"]) std::printf("  warning: %s\n", w.get<std::string>().c_str());
   }
   return 0;
 } catch (const etude::error& e) {

@@ -1,14 +1,19 @@
 // The main job: trains etude's tiny configuration (K = 4 codebooks, dim 256, 4 layers, 4 heads,
-// MusicGen's delay pattern) on the Bach chorales shipped in data/chorales (4 voices on a
-// sixteenth-note grid, 64-token vocabulary; docs/chorales.md), or with --synthetic on generated
-// tokens whose entropy is known. Prints a progress line (step, loss per codebook, tokens/s, ETA),
-// validates every --valid-every steps next to the unigram baseline, and writes metrics into a
-// run directory (metrics.jsonl, TensorBoard events, run.json, checkpoints). A second invocation
-// with the same run directory resumes from its newest good checkpoint, bit-identically.
-// Exits 0 only if the final validation loss is below the unigram baseline.
+// MusicGen's delay pattern, conditioned on key and mode through cross-attention) on the Bach
+// chorales shipped in data/chorales (4 voices on a sixteenth-note grid, 64-token vocabulary;
+// docs/chorales.md), or with --synthetic on generated tokens whose entropy is known (their
+// conditions null). Prints a progress line (step, loss per codebook, tokens/s, ETA), validates
+// every --valid-every steps next to the unigram baseline, and writes metrics into a run directory
+// (metrics.jsonl, TensorBoard events, run.json, checkpoints, the condition vocabulary). At the end
+// it generates --samples chorales for chosen keys and modes with classifier-free guidance and
+// writes each as tokens, MIDI, WAV and a piano roll into samples/, listed in run.json with the
+// sample checks' warnings. A second invocation with the same run directory resumes from its newest
+// good checkpoint, bit-identically. Exits 0 only if the final validation loss is below the unigram
+// baseline.
 //   train_tiny [--data DIR] [--synthetic] [--steps N] [--batch B] [--frames T] [--lr LR]
 //              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
-//              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N]
+//              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N] [--cond-dropout P]
+//              [--samples N] [--sample-frames T] [--cfg-coef C] [--soundfont FILE]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,14 +27,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <etude/data/condition_encoder.hpp>
+#include <etude/data/condition_vocab.hpp>
 #include <etude/data/loader.hpp>
 #include <etude/data/synthetic.hpp>
 #include <etude/etude.hpp>
+#include <etude/generate/generator.hpp>
 #include <etude/io/checkpoint.hpp>
 #include <etude/track/metrics_log.hpp>
 #include <etude/track/run_directory.hpp>
 #include <etude/track/tensorboard.hpp>
 
+#include "chorale_samples.hpp"
 #include "cli.hpp"
 #include "train_tiny_config.hpp"
 #ifdef ETUDE_TRAIN_TINY_CUDA
@@ -62,6 +71,11 @@ struct options {
   unsigned long long seed = 42;
   fs::path run_dir = "runs/tiny";
   std::string device = "cpu";  // cpu | cuda
+  double cond_dropout = 0.3;   // per-sample condition dropout (classifier-free guidance)
+  int samples = 4;             // chorales generated at the end (chorale data only)
+  etude::index_t sample_frames = 128;
+  double cfg_coef = 3.0;
+  fs::path soundfont;          // empty: Debian's GM soundfont
 };
 
 options parse(int argc, char** argv) {
@@ -98,6 +112,14 @@ options parse(int argc, char** argv) {
           ""))
       ->type_name("cpu|cuda")
       ->capture_default_str();
+  etude_cli::add_number(app, "--cond-dropout", o.cond_dropout, 0.0, true,
+                        "probability that an example trains on the null condition (classifier-free guidance)", 1.0);
+  etude_cli::add_integer(app, "--samples", o.samples, 0, 4, "chorales generated at the end for C major, "
+                         "D minor, G major, A minor (0: none)");
+  etude_cli::add_integer(app, "--sample-frames", o.sample_frames, etude::index_t{8}, etude::index_t{1000},
+                         "frames per sample (16 frames = one 4/4 bar)");
+  etude_cli::add_number(app, "--cfg-coef", o.cfg_coef, 0.0, false, "classifier-free guidance of the samples (1: none)");
+  app.add_option("--soundfont", o.soundfont, "General MIDI soundfont for the WAVs (default: Debian's FluidR3_GM)");
   etude_cli::parse(app, argc, argv);
   if (o.batch % cfg::microbatches != 0)
     throw etude::invalid_argument("--batch: " + std::to_string(o.batch) + " is not a multiple of " +
@@ -187,7 +209,8 @@ json stats_json(const etude::eval_stats& s) {
 // The run record: what the seeds' experiment-tracking list asks for, as far as this job knows it.
 template <class Trainer>
 json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
-                const json& summary, const std::vector<std::string>& checkpoints) {
+                const json& summary, const std::vector<std::string>& checkpoints, const json& conditions,
+                const json& samples = json::array()) {
   json r;
   fs::path named = fs::absolute(o.run_dir).lexically_normal();
   if (named.filename().empty()) named = named.parent_path();  // "runs/tiny/"
@@ -197,6 +220,7 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["etude_version"] = etude::version_string;
   r["configuration"] = etude::io::describe_run(trainer);
   r["data"] = data;
+  r["conditions"] = conditions;
   r["batch"] = {{"batch", o.batch}, {"frames", o.frames}, {"microbatches", cfg::microbatches}};
   r["precision"] = etude::precision::name_of<cfg::precision>();
   r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
@@ -209,7 +233,7 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["status"] = status;
   r["summary"] = summary;
   r["checkpoints"] = checkpoints;
-  r["samples"] = json::array();
+  r["samples"] = samples;
   r["notes"] = "";
   return r;
 }
@@ -221,6 +245,39 @@ void write_json(const fs::path& file, const json& j) {
   f.commit();
 }
 
+
+// The samples of a finished chorale run: one per chosen key and mode, sampled with guidance from
+// the trained weights (on the CPU, whichever backend trained them), each written as tokens, MIDI,
+// WAV and piano roll with its checks.
+template <class Trainer>
+json write_samples(const options& o, Trainer& trainer, const etude::data::condition_vocab& vocab, const fs::path& dir) {
+  json out = json::array();
+  if (o.samples <= 0) return out;
+  const std::pair<const char*, const char*> asked[] = {{"C", "major"}, {"D", "minor"}, {"G", "major"}, {"A", "minor"}};
+  std::vector<etude::condition_input> conds;
+  for (int i = 0; i < o.samples; ++i) {
+    etude::condition_input c;
+    c.attributes = {vocab.find("key")->find(asked[i].first), vocab.find("mode")->find(asked[i].second)};
+    conds.push_back(c);
+  }
+  const auto weights = trainer.working_parameters();
+  etude::generator<lm, etude::backend::cpu> gen(std::span<const float>(weights.data(), weights.size()));
+  etude::generation_options g;
+  g.batch = o.samples;
+  g.frames = o.sample_frames;
+  g.seed = o.seed;
+  g.cfg_coef = o.cfg_coef;
+  const auto tokens = gen.generate(g, nullptr, conds);
+  for (int i = 0; i < o.samples; ++i) {
+    const std::string name = std::to_string(i) + "-" + asked[i].first + "-" + asked[i].second;
+    json r = etude_examples::write_chorale_sample(dir, name, tokens, i, {{"key", asked[i].first}, {"mode", asked[i].second}},
+                                                  {.soundfont = o.soundfont, .wav = true, .png = true});
+    for (const auto& w : r["warnings"]) std::printf("sample %s: warning: %s\n", name.c_str(), w.get<std::string>().c_str());
+    std::printf("sample %s: %s\n", name.c_str(), r["midi"].get<std::string>().c_str());
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 // The main job on one trainer, whichever backend it runs on.
 template <class Trainer>
@@ -236,6 +293,8 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   std::string data_name;
   json data_record;
   etude::data::loader_config lc;
+  std::optional<etude::data::condition_vocab> vocab;
+  std::optional<etude::data::condition_encoder<tiny_conditions>> encoder;
   if (o.synthetic) {
     synthetic.emplace(etude::data::synthetic_config{.codebooks = 4, .card = tiny.card, .states = 16, .branching = 2});
     data_name = "synthetic (known entropy rate)";
@@ -256,7 +315,29 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
     lc.codebooks = tiny.codebooks;
     lc.card = tiny.card;
     lc.tail = etude::data::last_batch::drop;  // every step sees a full batch
+    // keys fold enharmonic spellings into 12 pitch classes; the modes are the training split's
+    vocab = etude::data::build_condition_vocab<tiny_conditions>(*dataset->split("train"),
+                                                                {etude::data::pitch_class_vocab("key")});
+    encoder.emplace(*vocab, *dataset);
+    data_record["conditions"] = vocab->to_json();
   }
+  // the model's inputs: a chorale batch's key and mode through the vocabulary; synthetic tokens
+  // have no conditions (every attribute null)
+  auto with_conditions = [&](auto&& b) {
+    etude::token_batch out;
+    if constexpr (std::is_same_v<std::decay_t<decltype(b)>, etude::data::loaded_batch>) {
+      encoder->encode(b);
+      out = std::move(b);
+    } else {
+      out = std::move(b);
+      out.attributes.assign(static_cast<std::size_t>(out.batch * tiny_conditions::attributes), -1);
+    }
+    return out;
+  };
+  const json conditions_record = {{"model", tiny_conditions::describe()},
+                                  {"vocabulary", vocab ? vocab->to_json() : json(nullptr)},
+                                  {"dropout", o.cond_dropout},
+                                  {"dropout_mode", "per_sample"}};
   // what a checkpoint of this run must have trained on: the data and how it is cut into batches
   // (the manifest's location may move; its content may not)
   json data_identity = data_record;
@@ -289,7 +370,8 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
 
   auto counts = unigram_counts(tiny.card);
   if (synthetic) {
-    for (int i = 0; i < 4; ++i) valid.batches.push_back(synthetic->sample(o.batch, o.frames, (1u << 30) + i));
+    for (int i = 0; i < 4; ++i)
+      valid.batches.push_back(with_conditions(synthetic->sample(o.batch, o.frames, (1u << 30) + i)));
     for (int i = 0; i < 16; ++i) count_unigrams(counts, synthetic->sample(o.batch, o.frames, (1u << 29) + i));
   } else {
     // one deterministic pass over a split: every example once, its first segment, no workers
@@ -308,7 +390,7 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
     }
     etude::data::loader vl(dataset->split("valid"), one_pass);
     while (auto b = vl.next())
-      if (b->batch % cfg::microbatches == 0) valid.batches.push_back(*b);
+      if (b->batch % cfg::microbatches == 0) valid.batches.push_back(with_conditions(std::move(*b)));
     if (valid.batches.empty())
       throw etude::invalid_input("the valid split of " + o.data.string() + " yields no full batch of " +
                                  std::to_string(o.batch) + " examples of " + std::to_string(o.frames) +
@@ -320,9 +402,11 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   etude::track::metrics_log metrics(dir.metrics());
   etude::track::tensorboard_writer board(dir.tensorboard());
   std::vector<std::string> saved;
-  write_json(dir.record(), run_record(o, trainer, data_record, "running", json::object(), saved));
+  if (vocab) vocab->save(dir.vocabulary());
+  write_json(dir.record(), run_record(o, trainer, data_record, "running", json::object(), saved, conditions_record));
 
-  std::printf("etude %s | tiny: K=4 C=%d dim 256, 4 layers, 4 heads, delay pattern | %lld parameters\n",
+  std::printf("etude %s | tiny: K=4 C=%d dim 256, 4 layers, 4 heads, delay pattern, conditioned on key and mode | "
+              "%lld parameters\n",
               etude::version_string, tiny.card, static_cast<long long>(lm::params::parameter_count()));
   std::printf("data: %s\n", data_name.c_str());
   std::printf("batch %lld x %lld frames, accumulate<2>, AdamW lr %.1e, cosine schedule, %ld steps, %d threads, run "
@@ -351,8 +435,8 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   double frames_done = 0;
   while (trainer.steps_done() < o.steps) {
     const long s = trainer.steps_done();
-    const etude::token_batch batch =
-        synthetic ? synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s)) : *train_loader->next();
+    const etude::token_batch batch = synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s)))
+                                               : with_conditions(std::move(*train_loader->next()));
     const auto st = trainer.step(batch);
     checkpoints.poll();  // a failed background save stops the run here, with its error
     frames_done += static_cast<double>(st.frames);
@@ -386,7 +470,7 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
       checkpoints.wait();
       board.close();
       write_json(dir.record(), run_record(o, trainer, data_record, "interrupted",
-                                                    {{"step", st.step}, {"train_ce", st.ce}}, saved));
+                                          {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record));
       std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
       return 0;
     }
@@ -394,10 +478,11 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   checkpoints.wait();
   board.close();
   const bool learned = last_valid.ce < valid.unigram;
+  const json samples = vocab ? write_samples(o, trainer, *vocab, dir.samples()) : json::array();
   write_json(dir.record(),
              run_record(o, trainer, data_record, "finished",
                         {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid.unigram}},
-                        saved));
+                        saved, conditions_record, samples));
   std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
               learned ? "below" : "NOT below", dir.record().string().c_str());
   return learned ? 0 : 1;
@@ -409,6 +494,7 @@ etude::hyper hyperparameters(const options& o) {
   h.warmup_steps = std::max(1L, o.steps / 20);
   h.total_steps = o.steps;
   h.seed = o.seed;
+  h.condition_dropout = o.cond_dropout;
   return h;
 }
 

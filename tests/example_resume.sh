@@ -16,4 +16,12 @@ a=$(tail -n 1 "$dir/straight/metrics.jsonl")
 b=$(tail -n 1 "$dir/resumed/metrics.jsonl")
 [ -n "$a" ] && [ "$a" = "$b" ] || { echo "final records differ:"; echo "$a"; echo "$b"; exit 1; }
 grep -q '"status": "finished"' "$dir/resumed/run.json" || { echo "run.json does not say finished"; exit 1; }
-echo "resumed run matches the uninterrupted one: $b"
+# the samples written at the end: every file of the uninterrupted run, bit for bit, listed in run.json
+n=0
+for f in "$dir/straight/samples/"sample-*; do
+  cmp -s "$f" "$dir/resumed/samples/$(basename "$f")" || { echo "sample $(basename "$f") differs"; exit 1; }
+  n=$((n + 1))
+done
+[ "$n" -ge 3 ] || { echo "expected samples (npy, mid, ...) in $dir/straight/samples, found $n files"; exit 1; }
+grep -q '"midi": ".*sample-0-C-major.mid"' "$dir/resumed/run.json" || { echo "run.json does not list the samples"; exit 1; }
+echo "resumed run matches the uninterrupted one, samples included ($n files): $b"

@@ -75,10 +75,14 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
 }  // namespace detail
 
 // From a resumable checkpoint: a checkpoint file, or a directory of them (the newest that reads
-// and matches; the reasons of every one refused are named when none does).
+// and matches; the reasons of every one refused are named when none does), or a run directory
+// (its checkpoints/).
 template <class Config>
-cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& path) {
-  if (!std::filesystem::is_directory(path)) return detail::generator_from_checkpoint_file<Config>(path);
+cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& given) {
+  if (!std::filesystem::is_directory(given)) return detail::generator_from_checkpoint_file<Config>(given);
+  std::filesystem::path path = given;
+  if (detail::checkpoints_newest_first(path).empty() && std::filesystem::is_directory(given / "checkpoints"))
+    path = given / "checkpoints";
   const auto files = detail::checkpoints_newest_first(path);
   if (files.empty())
     throw io::checkpoint_error(path.string() + ": no checkpoint (ckpt-<step>.safetensors) in this directory; give a "

@@ -13,6 +13,7 @@
 // its checkpoint.
 //   dir/.etude-run   the lock and its holder      dir/run.json      the run record
 //   dir/metrics.jsonl                               dir/tensorboard/  events.out.tfevents.*
+//   dir/conditions.json (a conditioned run's vocabulary)  dir/samples/ sample-*.mid .wav .png .npy
 //   dir/checkpoints/ ckpt-*.safetensors, latest, rejected/
 // Not for: what goes into those files (io/checkpoint.hpp, metrics_log.hpp, tensorboard.hpp);
 // directories shared by several runs.
@@ -104,6 +105,9 @@ class run_directory {
   std::filesystem::path metrics() const { return dir_ / "metrics.jsonl"; }
   std::filesystem::path tensorboard() const { return dir_ / "tensorboard"; }
   std::filesystem::path record() const { return dir_ / "run.json"; }
+  // generated samples (sample-*.mid, .wav, .png, .npy) and a conditioned run's vocabulary
+  std::filesystem::path samples() const { return dir_ / "samples"; }
+  std::filesystem::path vocabulary() const { return dir_ / "conditions.json"; }
 
   // The files opening removed: etude's own under `fresh`, and stale temporaries.
   const std::vector<std::filesystem::path>& removed() const noexcept { return removed_; }
@@ -219,9 +223,22 @@ class run_directory {
     return rest.empty() || (rest.size() > 1 && rest[0] == '.' && rest.find_first_not_of("0123456789", 1) == std::string::npos);
   }
 
+  static bool is_own_top_file(const std::string& n) {
+    return n == "run.json" || n == "metrics.jsonl" || n == "conditions.json";
+  }
+  static bool is_sample_file(const std::string& n) {
+    if (n.rfind("sample-", 0) != 0) return false;
+    for (const char* ext : {".mid", ".wav", ".png", ".npy"}) {
+      const std::string e = ext;
+      if (n.size() > e.size() + 7 && n.compare(n.size() - e.size(), e.size(), e) == 0) return true;
+    }
+    return false;
+  }
+
   void remove_own_files() {
     const std::size_t before = removed_.size();
-    remove_matching(dir_, [](const std::string& n) { return n == "run.json" || n == "metrics.jsonl"; });
+    remove_matching(dir_, [](const std::string& n) { return is_own_top_file(n); });
+    remove_matching(samples(), [](const std::string& n) { return is_sample_file(n); });
     remove_matching(tensorboard(), [](const std::string& n) { return is_event_file(n); });
     remove_matching(checkpoints(), [](const std::string& n) { return io::detail::is_checkpoint_file(n); });
     remove_matching(checkpoints() / "rejected", [](const std::string& n) { return is_rejected_checkpoint(n); });
@@ -229,6 +246,7 @@ class run_directory {
     remove_if_empty(checkpoints() / "rejected");
     remove_if_empty(checkpoints());
     remove_if_empty(tensorboard());
+    remove_if_empty(samples());
     if (removed_.size() > before)
       notice_("--fresh: removed " + std::to_string(removed_.size() - before) + " files etude wrote in " + dir_.string());
   }
@@ -241,7 +259,8 @@ class run_directory {
         return target && own(*target);
       };
     };
-    remove_matching(dir_, temporary_of([](const std::string& t) { return t == "run.json" || t == "metrics.jsonl"; }));
+    remove_matching(dir_, temporary_of([](const std::string& t) { return is_own_top_file(t); }));
+    remove_matching(samples(), temporary_of([](const std::string& t) { return is_sample_file(t); }));
     remove_matching(checkpoints(), temporary_of([](const std::string& t) { return io::detail::is_checkpoint_file(t); }));
     remove_matching(tensorboard(), temporary_of([](const std::string& t) { return is_event_file(t); }));
     if (removed_.size() > before)
