@@ -9,6 +9,8 @@
 
 #include <etude/etude.hpp>
 
+#include "../gradient_check.hpp"
+
 namespace pat = etude::pattern;
 using etude::index_t;
 
@@ -32,35 +34,7 @@ void check_gradients_on(index_t batch, index_t frames) {
   using cfg = etude::train_config<lm, etude::precision::fp64, Policies...>;
   etude::trainer<cfg, Backend> tr;
   const auto data = padded_batch(batch, frames, 21);
-  tr.loss_and_gradients(data);
-  const std::vector<double> grad(tr.gradients().begin(), tr.gradients().end());
-  etude::rng pick(5);
-  for (const etude::param_desc& p : lm::params::entries) {
-    INFO("tensor " << etude::param_name(p));
-    auto w = tr.tensor(p);
-    std::vector<index_t> elements;
-    index_t largest = 0;
-    for (index_t i = 1; i < p.numel(); ++i)
-      if (std::abs(grad[static_cast<std::size_t>(p.offset + i)]) >
-          std::abs(grad[static_cast<std::size_t>(p.offset + largest)]))
-        largest = i;
-    elements.push_back(largest);
-    for (int n = 0; n < 4; ++n) elements.push_back(static_cast<index_t>(pick.below(static_cast<std::uint64_t>(p.numel()))));
-    for (index_t i : elements) {
-      double& x = w[static_cast<std::size_t>(i)];
-      const double keep = x, h = 1e-5;
-      x = keep + h;
-      const double up = tr.loss_and_gradients(data).ce;
-      x = keep - h;
-      const double down = tr.loss_and_gradients(data).ce;
-      x = keep;
-      const double numeric = (up - down) / (2 * h);
-      INFO("element " << i);
-      CHECK(grad[static_cast<std::size_t>(p.offset + i)] == Approx(numeric).epsilon(1e-6).margin(1e-9));
-    }
-    // the largest gradient of every tensor is non-zero: every parameter is reached
-    CHECK(std::abs(grad[static_cast<std::size_t>(p.offset + largest)]) > 1e-6);
-  }
+  etude::test::check_gradients_against_differences(tr, data);
 }
 
 template <class Pattern, class... Policies>
