@@ -34,14 +34,14 @@ struct cpu_condition {
   template <class Y, class W>
   static void bias_rows(Y* y, const W* bias, index_t rows, index_t n, index_t ldy) {
     using F = cpu_detail::compute_of<Y>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n > cpu_detail::parallel_min)
     for (index_t r = 0; r < rows; ++r)
       for (index_t j = 0; j < n; ++j) y[r * ldy + j] = cpu_detail::cv<Y>(cpu_detail::cv<F>(y[r * ldy + j]) + cpu_detail::cv<F>(bias[j]));
   }
   template <class G, class A>
   static void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
     using F = cpu_detail::compute_of<G>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n > cpu_detail::parallel_min)
     for (index_t j = 0; j < n; ++j) {
       F s = cpu_detail::cv<F>(dbias[j]);
       for (index_t r = 0; r < rows; ++r) s += cpu_detail::cv<F>(dy[r * ldy + j]);
@@ -50,7 +50,7 @@ struct cpu_condition {
   }
   template <class X, class M>
   static void mask_rows(X* x, const M* mask, index_t rows, index_t n, index_t ldx) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * n > cpu_detail::parallel_min)
     for (index_t r = 0; r < rows; ++r)
       if (mask[r] == M(0))
         for (index_t j = 0; j < n; ++j) x[r * ldx + j] = X(0.0f);
@@ -58,7 +58,7 @@ struct cpu_condition {
   template <class X, class C>
   static void add_rows(X* x, const C* c, index_t batch, index_t steps, index_t n) {
     using F = cpu_detail::compute_of<X>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (batch * steps * n > cpu_detail::parallel_min)
     for (index_t r = 0; r < batch * steps; ++r) {
       const C* cb = c + (r / steps) * n;
       for (index_t j = 0; j < n; ++j) x[r * n + j] = cpu_detail::cv<X>(cpu_detail::cv<F>(x[r * n + j]) + cpu_detail::cv<F>(cb[j]));
@@ -67,7 +67,7 @@ struct cpu_condition {
   template <class C, class X>
   static void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
     using F = cpu_detail::compute_of<C>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (batch * steps * n > cpu_detail::parallel_min)
     for (index_t b = 0; b < batch; ++b)
       for (index_t j = 0; j < n; ++j) {
         F s = F(0.0);

@@ -12,7 +12,7 @@ namespace etude::backend {
 struct cpu_elementwise {
   template <class D, class S>
   static void copy(D* dst, const S* src, index_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<D>(src[i]);
   }
   template <class T>
@@ -23,7 +23,7 @@ struct cpu_elementwise {
   template <class Y, class X>
   static void gelu_fwd(Y* y, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) {
       const F v = cpu_detail::cv<F>(x[i]);
       y[i] = cpu_detail::cv<Y>(F(0.5) * v * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440))));
@@ -34,7 +34,7 @@ struct cpu_elementwise {
   static void gelu_bwd(DY* dy, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
     constexpr F inv_sqrt_2pi = F(0.398942280401432677940);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) {
       const F v = cpu_detail::cv<F>(x[i]);
       const F cdf = F(0.5) * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440)));

@@ -33,7 +33,7 @@ struct cpu_embedding {
                             index_t batch, int codebooks, index_t steps, index_t dim) {
     using F = cpu_detail::compute_of<X>;
     constexpr index_t chunk = 256;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (batch * steps * dim > cpu_detail::parallel_min)
     for (index_t r = 0; r < batch * steps; ++r) {
       const index_t b = r / steps, s = r % steps;
       X* out = x + r * dim;

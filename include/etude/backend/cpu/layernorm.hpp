@@ -19,7 +19,7 @@ struct cpu_layernorm {
   static void layernorm_fwd(Y* y, St* mean, St* rstd, const X* x, const W* gamma, const W* beta, index_t rows,
                             index_t dim) {
     using F = cpu_detail::compute_of<St>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * dim > cpu_detail::parallel_min)
     for (index_t r = 0; r < rows; ++r) {
       const X* xr = x + r * dim;
       double sum = 0.0;

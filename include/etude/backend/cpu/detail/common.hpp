@@ -32,6 +32,12 @@ inline bool finite(T x) {
 
 inline int threads() { return omp_get_max_threads(); }
 
+// Elements below which a loop of independent rows or elements runs on one thread: opening an
+// OpenMP region costs microseconds, and on a busy machine a passive thread waits a scheduler slice,
+// which a generation step's one-row ops pay hundreds of times. The work itself (and so every result)
+// is the same on any thread count.
+inline constexpr index_t parallel_min = 16384;
+
 // Row-major C(m, n) = alpha·op(A)·op(B) + beta·C through CBLAS, in float or double. The caller
 // has checked the dimensions against CBLAS's 32-bit range.
 template <class T>
