@@ -4,8 +4,9 @@
 // for 500 and 1500 frames (10 s and 30 s at 50 Hz), batch 1 and 4. Prints one JSON line each.
 // Full recomputation grows with the square of the length (minutes at 1500 frames on two cores),
 // so by default it is timed at `samples` evenly spaced steps and the whole run's time is the
-// integral of those per-step times (a trapezoid over the steps); --exact times every step.
-//   generate_bench [--frames N] [--batch B] [--samples N] [--exact]
+// integral of those per-step times (a trapezoid over the steps); --exact times every step;
+// --cached-only skips it (bench/generate.sh, which compares the cached generator with Hugging Face's).
+//   generate_bench [--frames N] [--batch B] [--samples N] [--exact] [--cached-only]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,7 +39,8 @@ double full_step(dec& d, const std::vector<etude::token_t>& seq, etude::index_t 
   return seconds_since(t0);
 }
 
-void bench(const std::vector<float>& w, etude::index_t batch, etude::index_t frames, int samples, bool exact) {
+void bench(const std::vector<float>& w, etude::index_t batch, etude::index_t frames, int samples, bool exact,
+           bool cached_only) {
   gen g(w);
   etude::generation_options o;
   o.batch = batch;
@@ -49,6 +51,14 @@ void bench(const std::vector<float>& w, etude::index_t batch, etude::index_t fra
   const auto out = g.generate(o);
   const double cached = seconds_since(t0);
   const double ids = static_cast<double>(batch * tiny.codebooks * frames);
+  if (cached_only) {
+    std::printf("{\"bench\": \"generate\", \"batch\": %ld, \"frames\": %ld, \"steps\": %ld, \"cached_s\": %.3f, "
+                "\"cached_tokens_per_s\": %.0f, \"threads\": %d}\n",
+                static_cast<long>(batch), static_cast<long>(frames), static_cast<long>(gen::positions(frames)), cached,
+                ids / cached, etude::backend::cpu::threads());
+    std::fflush(stdout);
+    return;
+  }
 
   // full recomputation on the sequence just generated (its tokens do not change the cost)
   const etude::index_t positions = gen::positions(frames);
@@ -89,16 +99,17 @@ void bench(const std::vector<float>& w, etude::index_t batch, etude::index_t fra
 int main(int argc, char** argv) {
   std::vector<etude::index_t> frames{500, 1500}, batches{1, 4};
   int samples = 8;
-  bool exact = false;
+  bool exact = false, cached_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--frames" && i + 1 < argc) frames = {std::stol(argv[++i])};
     else if (a == "--batch" && i + 1 < argc) batches = {std::stol(argv[++i])};
     else if (a == "--samples" && i + 1 < argc) samples = std::max(2, std::stoi(argv[++i]));
     else if (a == "--exact") exact = true;
+    else if (a == "--cached-only") cached_only = true;
     else {
       std::fprintf(stderr, "generate_bench: unknown option %s\nusage: generate_bench [--frames N] [--batch B] "
-                           "[--samples N] [--exact]\n", a.c_str());
+                           "[--samples N] [--exact] [--cached-only]\n", a.c_str());
       return 2;
     }
   }
@@ -108,5 +119,5 @@ int main(int argc, char** argv) {
   const std::vector<float> w(wp.begin(), wp.end());
   std::printf("{\"bench\": \"generate\", \"threads\": %d}\n", etude::backend::cpu::threads());
   for (const auto f : frames)
-    for (const auto b : batches) bench(w, b, f, samples, exact);
+    for (const auto b : batches) bench(w, b, f, samples, exact, cached_only);
 }
