@@ -1,7 +1,7 @@
 // PyTorch parity: the same weights and batches through tests/parity/reference.py, an independent
 // implementation of AudioCraft's MusicGen semantics in PyTorch (Debian's python3-torch). The loss
 // agrees to 1e-6 relative, every parameter gradient to 1e-5 (relative L2 per tensor), and the
-// parameters after three AdamW steps with warmup and clipping to 1e-5, for every pattern.
+// parameters after three AdamW steps with warmup and clipping to 2e-5, for every pattern.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -173,7 +173,11 @@ void check_conditioned_parity(const std::string& name, const etude::hyper& h, in
   for (const auto& p : lm::params::entries) {
     INFO("parameter after " << steps << " steps: " << etude::param_name(p));
     const std::span<const float> theirs(ref_after.data() + at, static_cast<std::size_t>(p.numel()));
-    CHECK(etude::test::relative_l2(tr.tensor(p), theirs) < 1e-5);
+    // AdamW's 1/sqrt(v) turns the float rounding of a near-zero gradient element, which differs
+    // between OpenBLAS's kernels (Haswell, AVX-512 Cooperlake), into a full-size update: the
+    // parameters get twice the gradients' bound (measured up to 1.03e-5 with the AVX-512 kernels,
+    // 5.6e-6 with Haswell's; the gradients above stay below 6.4e-7 on both)
+    CHECK(etude::test::relative_l2(tr.tensor(p), theirs) < 2e-5);
     at += static_cast<std::size_t>(p.numel());
   }
   fs::remove_all(dir);
