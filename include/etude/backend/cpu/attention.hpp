@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/heads.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -50,22 +51,13 @@ struct cpu_attention {
   }
 
  private:
-  // Threads the scratch has room for (one slot each, at most the thread count); refuses a scratch
-  // below one slot.
-  static int slot_count(const char* op, index_t slot, index_t scratch_size) {
-    if (scratch_size < slot)
-      throw error(std::string(op) + ": scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
-                  std::to_string(slot) + ")");
-    return static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
-  }
-
   template <class A, class St>
   static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
                       cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
-    const int slots = slot_count("cpu::attention_fwd", slot, scratch_size);
+    const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -80,11 +72,11 @@ struct cpu_attention {
         F* kf = qf + steps * head_dim;
         F* vf = kf + steps * head_dim;
         F* of = vf + steps * head_dim;
-        widen_head(qf, q, ld, steps, head_dim);
-        widen_head(kf, q + d, ld, steps, head_dim);
-        widen_head(vf, q + 2 * d, ld, steps, head_dim);
+        cpu_detail::widen_head(qf, q, ld, steps, head_dim);
+        cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
+        cpu_detail::widen_head(vf, q + 2 * d, ld, steps, head_dim);
         attention_fwd_head(p, qf, kf, vf, head_dim, of, head_dim, l, heads, steps, head_dim);
-        narrow_head(out, d, of, steps, head_dim);
+        cpu_detail::narrow_head(out, d, of, steps, head_dim);
       }
     }
   }
@@ -99,7 +91,7 @@ struct cpu_attention {
     using F = cpu_detail::compute_of<A>;
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
-    const int slots = slot_count("cpu::attention_bwd", slot, scratch_size);
+    const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -114,14 +106,14 @@ struct cpu_attention {
         const index_t n = steps * head_dim;
         F* qf = p + 2 * attention_rows * steps;
         F *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
-        widen_head(qf, q, ld, steps, head_dim);
-        widen_head(kf, q + d, ld, steps, head_dim);
-        widen_head(vf, q + 2 * d, ld, steps, head_dim);
-        widen_head(of, dout, d, steps, head_dim);
+        cpu_detail::widen_head(qf, q, ld, steps, head_dim);
+        cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
+        cpu_detail::widen_head(vf, q + 2 * d, ld, steps, head_dim);
+        cpu_detail::widen_head(of, dout, d, steps, head_dim);
         attention_bwd_head(p, qf, kf, vf, head_dim, of, head_dim, dqf, dkf, dvf, head_dim, l, heads, steps, head_dim);
-        narrow_head(dq, ld, dqf, steps, head_dim);
-        narrow_head(dq + d, ld, dkf, steps, head_dim);
-        narrow_head(dq + 2 * d, ld, dvf, steps, head_dim);
+        cpu_detail::narrow_head(dq, ld, dqf, steps, head_dim);
+        cpu_detail::narrow_head(dq + d, ld, dkf, steps, head_dim);
+        cpu_detail::narrow_head(dq + 2 * d, ld, dvf, steps, head_dim);
       }
     }
   }
@@ -191,19 +183,6 @@ struct cpu_attention {
       cpu_detail::blas<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
       cpu_detail::blas<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
-  }
-
-  template <class F, class T>
-  static void widen_head(F* dst, const T* src, index_t ld, index_t steps, index_t head_dim) {
-    for (index_t s = 0; s < steps; ++s)
-#pragma omp simd
-      for (index_t j = 0; j < head_dim; ++j) dst[s * head_dim + j] = cpu_detail::cv<F>(src[s * ld + j]);
-  }
-  template <class T, class F>
-  static void narrow_head(T* dst, index_t ld, const F* src, index_t steps, index_t head_dim) {
-    for (index_t s = 0; s < steps; ++s)
-#pragma omp simd
-      for (index_t j = 0; j < head_dim; ++j) dst[s * ld + j] = cpu_detail::cv<T>(src[s * head_dim + j]);
   }
 };
 

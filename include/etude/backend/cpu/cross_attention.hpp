@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/heads.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -40,7 +41,7 @@ struct cpu_cross_attention {
     constexpr bool staged = !std::is_same_v<A, F>;
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
-    const int slots = slot_count("cpu::cross_attention_fwd", slot, scratch_size);
+    const int slots = cpu_detail::slot_count("cpu::cross_attention_fwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -57,11 +58,11 @@ struct cpu_cross_attention {
         F* of = qf + steps * hd;
         F* kf = of + 2 * steps * hd;
         F* vf = kf + positions * hd;
-        widen(qf, qh, ldq, steps, hd);
-        widen(kf, kh, 2 * d, positions, hd);
-        widen(vf, kh + d, 2 * d, positions, hd);
+        cpu_detail::widen_head(qf, qh, ldq, steps, hd);
+        cpu_detail::widen_head(kf, kh, 2 * d, positions, hd);
+        cpu_detail::widen_head(vf, kh + d, 2 * d, positions, hd);
         fwd_head(p, qf, hd, kf, vf, hd, m, of, hd, l, heads, steps, positions, hd);
-        narrow(out, d, of, steps, hd);
+        cpu_detail::narrow_head(out, d, of, steps, hd);
       }
     }
   }
@@ -74,7 +75,7 @@ struct cpu_cross_attention {
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
-    const int slots = slot_count("cpu::cross_attention_bwd", slot, scratch_size);
+    const int slots = cpu_detail::slot_count("cpu::cross_attention_bwd", slot, scratch_size);
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -96,25 +97,19 @@ struct cpu_cross_attention {
         F* vf = kf + positions * hd;
         F* dkf = vf + positions * hd;
         F* dvf = dkf + positions * hd;
-        widen(qf, qh, ldq, steps, hd);
-        widen(of, dout, d, steps, hd);
-        widen(kf, kh, 2 * d, positions, hd);
-        widen(vf, kh + d, 2 * d, positions, hd);
+        cpu_detail::widen_head(qf, qh, ldq, steps, hd);
+        cpu_detail::widen_head(of, dout, d, steps, hd);
+        cpu_detail::widen_head(kf, kh, 2 * d, positions, hd);
+        cpu_detail::widen_head(vf, kh + d, 2 * d, positions, hd);
         bwd_head(p, qf, hd, kf, vf, hd, of, hd, dqf, hd, dkf, dvf, hd, m, l, heads, steps, positions, hd);
-        narrow(dqh, ldq, dqf, steps, hd);
-        narrow(dkh, 2 * d, dkf, positions, hd);
-        narrow(dkh + d, 2 * d, dvf, positions, hd);
+        cpu_detail::narrow_head(dqh, ldq, dqf, steps, hd);
+        cpu_detail::narrow_head(dkh, 2 * d, dkf, positions, hd);
+        cpu_detail::narrow_head(dkh + d, 2 * d, dvf, positions, hd);
       }
     }
   }
 
  private:
-  static int slot_count(const char* op, index_t slot, index_t scratch_size) {
-    if (scratch_size < slot)
-      throw error(std::string(op) + ": scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
-                  std::to_string(slot) + ")");
-    return static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / slot)));
-  }
   template <class M>
   static bool valid(const M* m, index_t j) {
     return m == nullptr || m[j] != M(0);
@@ -182,17 +177,6 @@ struct cpu_cross_attention {
     if (steps == 0)
       for (index_t j = 0; j < n; ++j)
         for (index_t c = 0; c < hd; ++c) dk[j * lddk + c] = dv[j * lddk + c] = F(0.0);
-  }
-
-  template <class F, class T>
-  static void widen(F* dst, const T* src, index_t ld, index_t rows, index_t hd) {
-    for (index_t s = 0; s < rows; ++s)
-      for (index_t j = 0; j < hd; ++j) dst[s * hd + j] = cpu_detail::cv<F>(src[s * ld + j]);
-  }
-  template <class T, class F>
-  static void narrow(T* dst, index_t ld, const F* src, index_t rows, index_t hd) {
-    for (index_t s = 0; s < rows; ++s)
-      for (index_t j = 0; j < hd; ++j) dst[s * ld + j] = cpu_detail::cv<T>(src[s * hd + j]);
   }
 };
 

@@ -1,0 +1,37 @@
+// What the CPU's attention ops share (attention.hpp, cross_attention.hpp): the per-thread scratch
+// slots and one head's rows widened into the compute type and rounded back.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "etude/backend/cpu/detail/common.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+namespace etude::backend::cpu_detail {
+
+// Threads the scratch has room for (one slot each, at most the thread count); refuses a scratch
+// below one slot.
+inline int slot_count(const char* op, index_t slot, index_t scratch_size) {
+  if (scratch_size < slot)
+    throw error(std::string(op) + ": scratch of " + std::to_string(scratch_size) + " values is below one slot (" +
+                std::to_string(slot) + ")");
+  return static_cast<int>(std::max<index_t>(1, std::min<index_t>(threads(), scratch_size / slot)));
+}
+
+// rows of one head (head_dim values at stride ld) into a dense (rows, head_dim) block, and back.
+template <class F, class T>
+inline void widen_head(F* dst, const T* src, index_t ld, index_t rows, index_t head_dim) {
+  for (index_t s = 0; s < rows; ++s)
+#pragma omp simd
+    for (index_t j = 0; j < head_dim; ++j) dst[s * head_dim + j] = cv<F>(src[s * ld + j]);
+}
+template <class T, class F>
+inline void narrow_head(T* dst, index_t ld, const F* src, index_t rows, index_t head_dim) {
+  for (index_t s = 0; s < rows; ++s)
+#pragma omp simd
+    for (index_t j = 0; j < head_dim; ++j) dst[s * ld + j] = cv<T>(src[s * head_dim + j]);
+}
+
+}  // namespace etude::backend::cpu_detail
