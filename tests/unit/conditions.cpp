@@ -189,29 +189,52 @@ TEST_CASE("conditions: dropout's rate, determinism and resumption", "[conditions
     // all-null batch's. Count over many draws through the trainer's own coins.
     using one = etude::conditions<cond::attribute<"key", 5, 3>>;
     using lm1 = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>, one>;
-    etude::token_batch b(1, tiny.codebooks, 4);
-    b.attributes = {2};
+    // two identical examples: a step's loss is the kept or the null loss when both share a coin,
+    // and a third value when one is dropped and the other kept
+    etude::token_batch b(2, tiny.codebooks, 4);
+    for (etude::index_t t = 0; t < 4; ++t)
+      for (int k = 0; k < tiny.codebooks; ++k) b.at(0, k, t) = b.at(1, k, t) = static_cast<etude::token_t>((t + k) % 5);
+    b.attributes = {2, 2};
     etude::token_batch null_b = b;
-    null_b.attributes = {-1};
-    for (auto mode : {etude::hyper::dropout_mode::per_sample, etude::hyper::dropout_mode::per_batch}) {
+    null_b.attributes = {-1, -1};
+    struct draw_case {
+      etude::hyper::dropout_mode mode;
+      double condition, attribute;
+      bool mixed;  // whether one example may be dropped without the other
+    };
+    for (const draw_case c : {draw_case{etude::hyper::dropout_mode::per_sample, 0.3, 0.0, true},
+                              draw_case{etude::hyper::dropout_mode::per_batch, 0.3, 0.0, false},
+                              draw_case{etude::hyper::dropout_mode::per_sample, 0.0, 0.3, true}}) {
       etude::hyper hp;
       hp.lr = 0.0;  // nothing changes but the coin's draw index
       hp.warmup_steps = 0;
-      hp.condition_dropout = 0.3;
-      hp.condition_dropout_mode = mode;
+      hp.condition_dropout = c.condition;
+      hp.attribute_dropout = c.attribute;
+      hp.condition_dropout_mode = c.mode;
       etude::trainer<etude::train_config<lm1>, etude::backend::cpu> tr{hp};
       const double null_loss = tr.evaluate(null_b).ce, kept_loss = tr.evaluate(b).ce;
       REQUIRE(null_loss != kept_loss);
-      int dropped = 0;
+      int both = 0, one = 0;
       const int n = 400;
       for (int s = 0; s < n; ++s) {
         const double l = tr.step(b).ce;
-        REQUIRE((l == null_loss || l == kept_loss));
-        dropped += l == null_loss ? 1 : 0;
+        if (l == null_loss) ++both;
+        else if (l != kept_loss) ++one;
       }
-      // binomial(400, 0.3): mean 120, sd 9.2; 5 sd either side
-      CHECK(dropped > 74);
-      CHECK(dropped < 166);
+      INFO("mode " << static_cast<int>(c.mode) << ", condition " << c.condition << ", attribute " << c.attribute);
+      if (c.mixed) {
+        // independent coins of p 0.3: both dropped binomial(400, 0.09) (mean 36, sd 5.7), exactly
+        // one binomial(400, 0.42) (mean 168, sd 9.9); 5 sd either side
+        CHECK(both > 7);
+        CHECK(both < 65);
+        CHECK(one > 118);
+        CHECK(one < 218);
+      } else {
+        // one coin for the batch: binomial(400, 0.3) (mean 120, sd 9.2), never one without the other
+        CHECK(both > 74);
+        CHECK(both < 166);
+        CHECK(one == 0);
+      }
     }
   }
 }
