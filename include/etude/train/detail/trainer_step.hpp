@@ -227,7 +227,8 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
 template <class Config, class Backend>
 void trainer<Config, Backend>::share_counts(step_token_counts& tc) const {
   std::vector<std::int64_t> v(tc.totals.begin(), tc.totals.end());
-  const int local_bad = tc.undefined_codebook();
+  // mean_of_means divides by each microbatch's own count: one rank's empty microbatch is undefined
+  const int local_bad = Config::norm == loss_norm::tokens ? -1 : tc.undefined_codebook();
   v.push_back(local_bad >= 0 ? 1 : 0);
   dp_.comm->allreduce_host(v.data(), v.size(), "valid-target counts");
   for (int k = 0; k < K; ++k) tc.totals[static_cast<std::size_t>(k)] = v[static_cast<std::size_t>(k)];
