@@ -10,6 +10,10 @@
 // sample checks' warnings. A second invocation with the same run directory resumes from its newest
 // good checkpoint, bit-identically. Exits 0 only if the final validation loss is below the unigram
 // baseline.
+// Under `mpirun -np N` (or srun with Open MPI) the same command line trains data-parallel on the
+// CPU: the global batch --batch is split over the ranks, each rank loads its share, the gradients
+// are summed over MPI (--zero1 shards the optimiser's moments), rank 0 alone prints and writes the
+// run directory's records, and checkpoints are written together (docs/distributed.md).
 //   train_tiny [--data DIR] [--synthetic] [--steps N] [--batch B] [--frames T] [--lr LR]
 //              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
 //              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N] [--cond-dropout P]
@@ -44,6 +48,10 @@
 #ifdef ETUDE_TRAIN_TINY_CUDA
 #include <etude/backend/cuda/executor.hpp>
 #endif
+#include <etude/dist/environment.hpp>
+#ifdef ETUDE_TRAIN_TINY_MPI
+#include <etude/dist/mpi.hpp>
+#endif
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -70,6 +78,9 @@ struct options {
   int workers = 1;
   unsigned long long seed = 42;
   fs::path run_dir = "runs/tiny";
+  bool zero1 = false;        // data parallelism: shard the optimiser's moments over the ranks
+  double bucket_mib = 25;    // data parallelism: gradients reduced in buckets of this size
+  double dist_timeout = 120; // data parallelism: seconds a collective may wait for another rank
   std::string device = "cpu";  // cpu | cuda
   double cond_dropout = 0.3;   // per-sample condition dropout (classifier-free guidance)
   int samples = 4;             // chorales generated at the end (chorale data only)
@@ -120,6 +131,10 @@ options parse(int argc, char** argv) {
                          "frames per sample (16 frames = one 4/4 bar)");
   etude_cli::add_number(app, "--cfg-coef", o.cfg_coef, 0.0, false, "classifier-free guidance of the samples (1: none)");
   app.add_option("--soundfont", o.soundfont, "General MIDI soundfont for the WAVs (default: Debian's FluidR3_GM)");
+  app.add_flag("--zero1", o.zero1, "under mpirun: shard the optimiser's moments over the ranks (ZeRO stage 1)");
+  etude_cli::add_number(app, "--bucket-mib", o.bucket_mib, 0.0, false, "under mpirun: gradient bucket size (MiB)");
+  etude_cli::add_number(app, "--dist-timeout", o.dist_timeout, 0.0, false,
+                        "under mpirun: seconds a collective waits for another rank before it is an error");
   etude_cli::parse(app, argc, argv);
   if (o.batch % cfg::microbatches != 0)
     throw etude::invalid_argument("--batch: " + std::to_string(o.batch) + " is not a multiple of " +
@@ -210,7 +225,7 @@ json stats_json(const etude::eval_stats& s) {
 template <class Trainer>
 json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
                 const json& summary, const std::vector<std::string>& checkpoints, const json& conditions,
-                const json& samples = json::array()) {
+                const world& w, const json& samples = json::array()) {
   json r;
   fs::path named = fs::absolute(o.run_dir).lexically_normal();
   if (named.filename().empty()) named = named.parent_path();  // "runs/tiny/"
@@ -223,7 +238,15 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["conditions"] = conditions;
   r["batch"] = {{"batch", o.batch}, {"frames", o.frames}, {"microbatches", cfg::microbatches}};
   r["precision"] = etude::precision::name_of<cfg::precision>();
-  r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
+  if (w.comm == nullptr)
+    r["distributed"] = {{"strategy", "single process"}, {"world_size", 1}};
+  else
+    r["distributed"] = {{"strategy", o.zero1 ? "data parallel, ZeRO-1" : "data parallel"},
+                        {"world_size", w.size},
+                        {"communicator", w.comm->describe()},
+                        {"bucket_bytes", trainer.parallel().bucket_bytes},
+                        {"global_batch", o.batch},
+                        {"batch_per_rank", o.batch / w.size}};
   r["hardware"] = {{"backend", etude::backend::cpu::name}, {"threads", etude::backend::cpu::threads()},
                    {"loader_workers", o.workers}};
   const auto& m = trainer.memory();
@@ -279,11 +302,43 @@ json write_samples(const options& o, Trainer& trainer, const etude::data::condit
   return out;
 }
 
+// This process's place among data-parallel ranks (one process: rank 0 of 1, no communicator).
+struct world {
+  etude::communicator* comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  bool lead() const { return rank == 0; }
+};
+
+// Examples [first, first + count) of a batch, conditions included: a rank's share.
+etude::token_batch share_of(const etude::token_batch& b, const world& w) {
+  if (w.size == 1) return b;
+  const etude::index_t count = b.batch / w.size, first = w.rank * count, per = b.codebooks * b.frames;
+  etude::token_batch out(count, b.codebooks, b.frames);
+  std::copy_n(b.tokens.begin() + first * per, count * per, out.tokens.begin());
+  std::copy_n(b.mask.begin() + first * per, count * per, out.mask.begin());
+  const auto a = static_cast<etude::index_t>(b.attributes.size()) / b.batch;
+  out.attributes.assign(b.attributes.begin() + first * a, b.attributes.begin() + (first + count) * a);
+  return out;
+}
+
 // The main job on one trainer, whichever backend it runs on.
 template <class Trainer>
-int run(const options& o, Trainer& trainer, const std::string& command) {
-  // the directory first: nothing is read, removed or written before the lock is held
-  etude::track::run_directory dir(o.run_dir, {.fresh = o.fresh, .command = command, .notice = {}});
+int run(const options& o, Trainer& trainer, const std::string& command, const world& w) {
+  if (w.comm != nullptr) {
+    trainer.distribute({w.comm, static_cast<std::size_t>(o.bucket_mib * 1048576.0) + 1, o.zero1});
+    if (o.batch % (w.size * cfg::microbatches) != 0)
+      throw etude::invalid_argument("--batch: " + std::to_string(o.batch) + " examples cannot be split into " +
+                                    std::to_string(w.size) + " ranks of " + std::to_string(cfg::microbatches) +
+                                    " equal microbatches; use a multiple of " +
+                                    std::to_string(w.size * cfg::microbatches));
+  }
+  // the directory first: nothing is read, removed or written before the lock is held (by rank 0;
+  // the other ranks wait until it holds it and has cleaned up, then only read and write checkpoints)
+  std::optional<etude::track::run_directory> held;
+  if (w.lead()) held.emplace(o.run_dir, etude::track::run_directory_options{.fresh = o.fresh, .command = command, .notice = {}});
+  if (w.comm != nullptr) w.comm->barrier("run directory");
+  const fs::path checkpoint_dir = o.run_dir / "checkpoints";
 
   // --- data: the chorales through the loader, or the synthetic corpus ---------------------------
   std::optional<etude::data::dataset> dataset;
@@ -308,7 +363,9 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
                    {"codec", {{"name", m.codec.name}, {"version", m.codec.version}}},
                    {"train_fingerprint", dataset->fingerprint("train")},
                    {"valid_fingerprint", dataset->fingerprint("valid")}};
-    lc.batch_size = o.batch;
+    lc.batch_size = o.batch / w.size;  // this rank's share of the global batch
+    lc.rank = w.rank;
+    lc.world_size = w.size;
     lc.segment_frames = o.frames;
     lc.seed = o.seed;
     lc.workers = o.workers;
@@ -345,7 +402,7 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   data_identity["frames"] = o.frames;
 
   // --- resume: the newest checkpoint that verifies, restores, and whose loader state fits -------
-  etude::io::checkpoint_manager checkpoints(dir.checkpoints(), {.keep_last = 2, .milestone_every = 0, .keep_best = true});
+  etude::io::checkpoint_manager checkpoints(checkpoint_dir, {.keep_last = 2, .milestone_every = 0, .keep_best = true});
   std::optional<etude::io::run_state> resumed;
   try {
     resumed = checkpoints.resume(trainer, {.data = data_identity,
@@ -354,6 +411,14 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
                                              if (!dataset) return;
                                              std::optional<etude::data::loader_state> state;
                                              if (!rs.loader.is_null()) state = rs.loader.get<etude::data::loader_state>();
+                                             // the same global batch split over another number of
+                                             // ranks: the global order is the same, and so is the
+                                             // count of global batches consumed (rank 0's state is saved)
+                                             if (state && state->batch_size * state->world_size == o.batch) {
+                                               state->batch_size = lc.batch_size;
+                                               state->rank = lc.rank;
+                                               state->world_size = lc.world_size;
+                                             }
                                              train_loader.reset();
                                              train_loader.emplace(dataset->split("train"), lc, state);
                                            }});
@@ -365,7 +430,7 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
     std::printf("resuming %s at step %ld\n", o.run_dir.string().c_str(), trainer.steps_done());
   if (dataset && !train_loader) train_loader.emplace(dataset->split("train"), lc);
   // every record follows the checkpoint: later metrics lines and TensorBoard events are cut off
-  dir.rewind(trainer.steps_done());
+  if (held) held->rewind(trainer.steps_done());
   data_record["manifest"] = o.data.string();
 
   auto counts = unigram_counts(tiny.card);
@@ -398,12 +463,22 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   }
   score_unigrams(valid, counts, o.frames);
   data_record["unigram_baseline"] = valid.unigram;
+  // each rank evaluates its share of every validation batch; evaluate() sums over the ranks
+  for (auto& b : valid.batches) b = share_of(b, w);
+  if (w.size > 1 && !valid.batches.empty() && valid.batches.front().batch % cfg::microbatches != 0)
+    throw etude::invalid_argument("validation batches of " + std::to_string(o.batch) + " examples cannot be split into " +
+                                  std::to_string(w.size) + " ranks of whole microbatches; change --batch");
 
-  etude::track::metrics_log metrics(dir.metrics());
-  etude::track::tensorboard_writer board(dir.tensorboard());
+  // the records are rank 0's (the statistics are global on every rank)
+  std::optional<etude::track::metrics_log> metrics;
+  std::optional<etude::track::tensorboard_writer> board;
   std::vector<std::string> saved;
-  if (vocab) vocab->save(dir.vocabulary());
-  write_json(dir.record(), run_record(o, trainer, data_record, "running", json::object(), saved, conditions_record));
+  if (held) {
+    metrics.emplace(held->metrics());
+    board.emplace(held->tensorboard());
+    if (vocab) vocab->save(held->vocabulary());
+    write_json(held->record(), run_record(o, trainer, data_record, "running", json::object(), saved, conditions_record, w));
+  }
 
   std::printf("etude %s | tiny: K=4 C=%d dim 256, 4 layers, 4 heads, delay pattern, conditioned on key and mode | "
               "%lld parameters\n",
@@ -419,13 +494,13 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
 
   auto checkpoint = [&](bool async) {
     // the records a checkpoint covers reach the disk before it does
-    metrics.sync();
-    board.sync();
+    if (metrics) metrics->sync();
+    if (board) board->sync();
     etude::io::run_state rs;
     rs.data = data_identity;
     if (train_loader) rs.loader = train_loader->state();
     rs.valid_ce = last_valid.ce;
-    if (async) checkpoints.save_async(trainer, rs);
+    if (async && w.comm == nullptr) checkpoints.save_async(trainer, rs);
     else checkpoints.save(trainer, rs);
     saved.push_back((checkpoints.directory() / etude::io::detail::checkpoint_name(trainer.steps_done())).string());
   };
@@ -435,18 +510,21 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
   double frames_done = 0;
   while (trainer.steps_done() < o.steps) {
     const long s = trainer.steps_done();
-    const etude::token_batch batch = synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s)))
-                                               : with_conditions(std::move(*train_loader->next()));
+    const etude::token_batch batch =
+        synthetic ? share_of(with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))), w)
+                  : with_conditions(std::move(*train_loader->next()));
     const auto st = trainer.step(batch);
     checkpoints.poll();  // a failed background save stops the run here, with its error
     frames_done += static_cast<double>(st.frames);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    metrics.write({.step = st.step,
-                   .scalars = {{"ce", st.ce}, {"ppl", st.ppl}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                               {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
-                   .arrays = {{"ce_q", st.ce_q}},
-                   .labels = {{"split", "train"}}});
-    board.scalars({{"train/ce", st.ce}, {"train/ppl", st.ppl}, {"train/lr", st.lr}, {"train/grad_norm", st.grad_norm}},
+    if (metrics)
+      metrics->write({.step = st.step,
+                      .scalars = {{"ce", st.ce}, {"ppl", st.ppl}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
+                                  {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
+                      .arrays = {{"ce_q", st.ce_q}},
+                      .labels = {{"split", "train"}}});
+    if (board)
+      board->scalars({{"train/ce", st.ce}, {"train/ppl", st.ppl}, {"train/lr", st.lr}, {"train/grad_norm", st.grad_norm}},
                   st.step);
     const long done_here = st.step - first;
     if (st.step % 10 == 0 || done_here == 1 || st.step == o.steps)
@@ -457,34 +535,41 @@ int run(const options& o, Trainer& trainer, const std::string& command) {
       last_valid = validate(trainer, valid);
       std::printf("valid at step %ld: ce %.3f (unigram baseline %.3f) |%s\n", st.step, last_valid.ce, valid.unigram,
                   per_codebook(last_valid.ce_q).c_str());
-      metrics.write({.step = st.step,
-                     .scalars = {{"ce", last_valid.ce}, {"ppl", last_valid.ppl}, {"unigram_ce", valid.unigram}},
-                     .arrays = {{"ce_q", last_valid.ce_q}},
-                     .labels = {{"split", "valid"}}});
-      board.scalars({{"valid/ce", last_valid.ce}, {"valid/unigram_ce", valid.unigram}}, st.step);
+      if (metrics)
+        metrics->write({.step = st.step,
+                        .scalars = {{"ce", last_valid.ce}, {"ppl", last_valid.ppl}, {"unigram_ce", valid.unigram}},
+                        .arrays = {{"ce_q", last_valid.ce_q}},
+                        .labels = {{"split", "valid"}}});
+      if (board) board->scalars({{"valid/ce", last_valid.ce}, {"valid/unigram_ce", valid.unigram}}, st.step);
     }
     const bool stopping = o.stop_after > 0 && done_here >= o.stop_after;
     if (st.step % o.checkpoint_every == 0 || st.step == o.steps || stopping) checkpoint(!stopping && st.step != o.steps);
     std::fflush(stdout);
     if (stopping) {
       checkpoints.wait();
-      board.close();
-      write_json(dir.record(), run_record(o, trainer, data_record, "interrupted",
-                                          {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record));
+      if (held) {
+        board->close();
+        write_json(held->record(), run_record(o, trainer, data_record, "interrupted",
+                                              {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record, w));
+      }
       std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
       return 0;
     }
   }
   checkpoints.wait();
-  board.close();
   const bool learned = last_valid.ce < valid.unigram;
-  const json samples = vocab ? write_samples(o, trainer, *vocab, dir.samples()) : json::array();
-  write_json(dir.record(),
-             run_record(o, trainer, data_record, "finished",
-                        {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid.unigram}},
-                        saved, conditions_record, samples));
-  std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
-              learned ? "below" : "NOT below", dir.record().string().c_str());
+  if (held) {
+    board->close();
+    const json samples = vocab ? write_samples(o, trainer, *vocab, held->samples()) : json::array();
+    write_json(held->record(), run_record(o, trainer, data_record, "finished",
+                                          {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)},
+                                           {"unigram_ce", valid.unigram}},
+                                          saved, conditions_record, w, samples));
+    std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
+                learned ? "below" : "NOT below", held->record().string().c_str());
+  }
+  // the other ranks wait until rank 0 has written the samples and the record
+  if (w.comm != nullptr) w.comm->barrier("end of run");
   return learned ? 0 : 1;
 }
 
@@ -509,17 +594,38 @@ int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  // launched as one of several ranks (mpirun, srun, torchrun): data parallel over MPI
+  const etude::launch_env env = etude::detect_launch();
+  world w{nullptr, env.rank, env.size};
+#ifdef ETUDE_TRAIN_TINY_MPI
+  std::optional<etude::mpi_communicator> mpi;
+  if (env.size > 1) {
+    if (o.device == "cuda")
+      throw etude::invalid_argument("--device cuda with " + std::to_string(env.size) +
+                                    " ranks: train_tiny's data parallelism runs on the CPU over MPI; the CUDA trainer "
+                                    "takes etude::nccl_communicator (docs/distributed.md)");
+    mpi.emplace(etude::mpi_options{.timeout_s = o.dist_timeout});
+    w.comm = &*mpi;
+    // rank 0 speaks for the job; the others report only errors
+    if (!w.lead() && std::freopen("/dev/null", "w", stdout) == nullptr) std::fprintf(stderr, "train_tiny: cannot silence rank %d\n", w.rank);
+  }
+#else
+  if (env.size > 1)
+    throw etude::invalid_argument("launched as rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) +
+                                  " (" + env.launcher + ") but this train_tiny was built without MPI: install "
+                                  "libopenmpi-dev and rebuild, or run one process");
+#endif
   if (o.device == "cuda") {
 #ifdef ETUDE_TRAIN_TINY_CUDA
     etude::trainer<cfg, etude::backend::cuda> trainer{hyperparameters(o)};
-    return run(o, trainer, command);
+    return run(o, trainer, command, w);
 #else
     throw etude::invalid_argument("--device cuda: this train_tiny was built without CUDA (no nvcc when it was "
                                   "configured); rebuild on a machine with the CUDA toolkit, or use --device cpu");
 #endif
   }
   etude::cpu_trainer<cfg> trainer{hyperparameters(o)};
-  return run(o, trainer, command);
+  return run(o, trainer, command, w);
 } catch (const etude::error& e) {
   std::fprintf(stderr, "train_tiny: %s\n", e.what());
   return 2;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include <etude/dist/metered.hpp>
 #include <etude/etude.hpp>
 
 #include "local_communicator.hpp"
@@ -331,4 +332,30 @@ TEST_CASE("distribute's refusals, and a rank that stops calling", "[dist]") {
     message = e.what();
   }
   CHECK_THAT(message, Catch::Contains("rank 0") && Catch::Contains("no data from rank 1"));
+}
+
+TEST_CASE("a metered communicator counts what a step sends", "[dist]") {
+  constexpr index_t P = lm::params::total_elements;
+  const etude::partition owners{P, 2};
+  const auto data = uneven_batch(4);
+  std::vector<etude::metered_communicator::meter> reduce(2), gather(2);
+  std::vector<long> reduce_calls(2);
+  etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
+    etude::metered_communicator meter(c);
+    etude::cpu_trainer<cfg<1>> t{hyper_for_test()};
+    t.distribute({&meter, 16384, false});
+    meter.reset();
+    t.step(slice(data, r * 2, 2));
+    reduce[static_cast<std::size_t>(r)] = meter.of(etude::metered_communicator::reduce);
+    gather[static_cast<std::size_t>(r)] = meter.of(etude::metered_communicator::gather);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    // every gradient the other rank owns, once; then this rank's reduced part to the other
+    CHECK(reduce[static_cast<std::size_t>(r)].bytes_sent == static_cast<std::size_t>(P - owners.size(r)) * 4);
+    CHECK(gather[static_cast<std::size_t>(r)].bytes_sent == static_cast<std::size_t>(owners.size(r)) * 4);
+    // buckets of 16 KiB at layer granularity: more than one, fewer than the layers' count plus three
+    CHECK(reduce[static_cast<std::size_t>(r)].calls > 1);
+    CHECK(reduce[static_cast<std::size_t>(r)].calls <= shape.layers + 3);
+  }
 }
