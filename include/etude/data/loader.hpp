@@ -356,6 +356,12 @@ class loader {
     if (cfg_.world_size <= 0 || cfg_.rank < 0 || cfg_.rank >= cfg_.world_size)
       throw bad("rank " + std::to_string(cfg_.rank) + " must be in [0, world_size = " + std::to_string(cfg_.world_size) + ")");
     if (cfg_.workers < 0 || cfg_.prefetch < 1) throw bad("workers must be >= 0 and prefetch >= 1");
+    // data-parallel training needs every rank's batch full and equal (the trainer checks it too);
+    // a bounded pass (an evaluation, epochs > 0) may end with uneven shares
+    if (cfg_.world_size > 1 && cfg_.tail == last_batch::keep && cfg_.epochs == 0)
+      throw bad("with world_size " + std::to_string(cfg_.world_size) +
+                " training batches must be full and equal on every rank: use last_batch::drop (keep is for bounded "
+                "passes, epochs > 0)");
     if (cfg_.stall_warning.count() <= 0) throw bad("stall_warning must be positive");
     const auto& c = split_->codec();
     if (cfg_.codebooks != 0 && cfg_.codebooks != c.codebooks)

@@ -36,8 +36,9 @@ struct memory_plan {
   index_t inputs = 0;            // the batch as handed over (all microbatches: tokens + masks),
                                  // the microbatch's pattern sequences + targets, pattern tables
   index_t temporaries = 0;       // recompute region, backward scratch, attention, positions, gemm
-  index_t communication = 0;     // data parallelism on the host: the other ranks' contributions to the
-                                 // gradients this rank sums (MPI's staging; NCCL reduces in place)
+  index_t communication = 0;     // data parallelism: the gradients in the policy's communication
+                                 // dtype when it is not theirs (bf16, fp16), and on the host the other
+                                 // ranks' contributions this rank sums (MPI's staging; NCCL reduces in place)
   index_t reserve = 0;           // held by the backend's allocator beyond the above
   // what it was planned for
   index_t microbatch = 0;        // examples per microbatch
@@ -173,9 +174,11 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   p.temporaries = ws.work + ws.scratch + ws.cond_scratch + ws.attention + ws.gemm +
                   step_workspace<Config, Backend>::net::positions(steps) * S.dim * size(typename policy::compute_t{});
   const partition owners{P, options.world_size};
-  p.communication = options.world_size > 1 && std::string_view(Backend::name) == "cpu"
-                        ? (options.world_size - 1) * owners.size(0) * size(typename policy::grad_t{})
-                        : 0;
+  using wire_t = typename policy::comm_t;
+  if (options.world_size > 1) {
+    if constexpr (!std::is_same_v<wire_t, typename policy::grad_t>) p.communication += P * size(wire_t{});
+    if (std::string_view(Backend::name) == "cpu") p.communication += (options.world_size - 1) * owners.size(0) * size(wire_t{});
+  }
   p.reserve = Backend::reserve_bytes;
   return p;
 }

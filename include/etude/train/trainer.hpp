@@ -237,7 +237,7 @@ class trainer {
   std::uint64_t dropout_draw() const { return static_cast<std::uint64_t>(step_ + scaler_.skipped); }
   int stage_training_batch(const batch_view& batch, bool pending);
   // Data parallelism: every rank's counts summed (before any backward: they weight the loss).
-  void share_counts(step_token_counts& tc) const;
+  void share_counts(step_token_counts& tc, index_t batch_size) const;
   // The gradient flow of one microbatch's backward (transformer::backward's ready hook).
   struct gradient_flow;
   step_stats training_pass(const batch_view& batch, bool update);
@@ -259,6 +259,11 @@ class trainer {
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
   detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
+  using comm_type_t = typename policy::comm_t;
+  static constexpr bool compressed = !std::is_same_v<comm_type_t, grad_type>;
+  // data parallelism with a communication dtype of the policy's own (bf16, fp16): the gradients as
+  // they travel, rounded once before they leave and summed in float
+  typename executor::template buffer<comm_type_t> wire_;
   data_parallel dp_;
   std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank
   detail::mirrored<executor, state_type> states_[optimizer_state_count];  // the optimiser's (state_names)
@@ -333,6 +338,7 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
       std::copy(kept.begin(), kept.end(), s.host_mutable(exec_).begin());
     }
   }
+  if constexpr (compressed) wire_ = typename executor::template buffer<comm_type_t>(P);
   if constexpr (requires { exec_.context().stream(); }) dp.comm->bind(static_cast<void*>(exec_.context().stream()));
   prepare_state();
   note_memory(0);
@@ -398,7 +404,7 @@ step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool
   if (slot < 0) slot = stage_training_batch(batch, false);
   const pattern_plan& plan = plan_for(batch.frames);
   step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm, dp_.comm == nullptr);
-  if (dp_.comm != nullptr) share_counts(counts);
+  if (dp_.comm != nullptr) share_counts(counts, batch.batch);
   const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
   prepare_state();
   write_scalars(counts, lr);

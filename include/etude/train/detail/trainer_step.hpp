@@ -225,12 +225,23 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
 // the per-microbatch counts stay this rank's (mean_of_means). Checked only now, so every rank
 // refuses a batch together or none does.
 template <class Config, class Backend>
-void trainer<Config, Backend>::share_counts(step_token_counts& tc) const {
+void trainer<Config, Backend>::share_counts(step_token_counts& tc, index_t batch_size) const {
   std::vector<std::int64_t> v(tc.totals.begin(), tc.totals.end());
   // mean_of_means divides by each microbatch's own count: one rank's empty microbatch is undefined
   const int local_bad = Config::norm == loss_norm::tokens ? -1 : tc.undefined_codebook();
   v.push_back(local_bad >= 0 ? 1 : 0);
+  // every rank's batch has the same size (the examples' global indices and the dropout coins rely
+  // on it): the sum of the sizes is then size · ranks, and of their squares size² · ranks
+  v.push_back(batch_size);
+  v.push_back(batch_size * batch_size);
   dp_.comm->allreduce_host(v.data(), v.size(), "valid-target counts");
+  const std::int64_t ranks = dp_.size(), sizes = v[v.size() - 2], squares = v.back();
+  v.resize(v.size() - 2);
+  if (sizes * sizes != squares * ranks)
+    throw invalid_input("training batch: the ranks' batches differ in size (" + std::to_string(batch_size) +
+                        " examples here, " + std::to_string(sizes) + " over " + std::to_string(ranks) +
+                        " ranks); every rank must train on an equal share of the global batch (a loader with "
+                        "last_batch::drop)");
   for (int k = 0; k < K; ++k) tc.totals[static_cast<std::size_t>(k)] = v[static_cast<std::size_t>(k)];
   const int k = Config::norm == loss_norm::tokens ? tc.undefined_codebook() : local_bad;
   if (k >= 0 || v.back() > 0)
@@ -247,6 +258,7 @@ struct trainer<Config, Backend>::gradient_flow {
   grad_type* grads;
   const grad_type* micro;   // null for the first microbatch (it wrote into grads)
   communicator* comm;       // null unless this backward's buckets are reduced
+  comm_type_t* wire;        // the policy's communication dtype, when it is not the gradients'
   partition owners;
   index_t bucket;
   index_t added = P;  // [added, P) is in grads
@@ -256,7 +268,12 @@ struct trainer<Config, Backend>::gradient_flow {
     added = offset;
     if (comm == nullptr) return;
     if (sent - offset >= bucket || (offset == 0 && sent > 0)) {
-      comm->reduce_start(grads, comm_type_of<grad_type>(), offset, sent, owners, "gradient bucket");
+      if constexpr (compressed) {
+        Backend::copy(wire + offset, static_cast<const grad_type*>(grads + offset), sent - offset);
+        comm->reduce_start(wire, comm_type_of<comm_type_t>(), offset, sent, owners, "gradient bucket");
+      } else {
+        comm->reduce_start(grads, comm_type_of<grad_type>(), offset, sent, owners, "gradient bucket");
+      }
       sent = offset;
     }
     comm->progress();
@@ -288,7 +305,8 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     for (int k = 0; k < K; ++k)
       net::head(weights(), g, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
                 &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);
-    gradient_flow flow{grads, m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr, owners, bucket};
+    gradient_flow flow{grads, m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr, wire_.data(), owners,
+                       bucket};
     net::backward(weights(), g, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond, flow);
   }
   const double* losses = r->loss;
@@ -296,7 +314,14 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   const bool sharded = comm != nullptr && dp_.zero1 && update;
   if (comm != nullptr) {
     comm->reduce_wait();
-    if (!sharded) comm->allgather(grads, comm_type_of<grad_type>(), owners, "reduced gradients");
+    if constexpr (compressed) {
+      // the sums, rounded to the wire's dtype, back into the gradients (all of them, or this shard)
+      const index_t from = sharded ? owners.begin(dp_.rank()) : 0, count = sharded ? owners.size(dp_.rank()) : P;
+      if (!sharded) comm->allgather(wire_.data(), comm_type_of<comm_type_t>(), owners, "reduced gradients");
+      Backend::copy(grads + from, static_cast<const comm_type_t*>(wire_.data() + from), count);
+    } else {
+      if (!sharded) comm->allgather(grads, comm_type_of<grad_type>(), owners, "reduced gradients");
+    }
     Backend::copy(r->global_loss, static_cast<const double*>(r->loss), N);
     comm->allreduce(r->global_loss, static_cast<std::size_t>(N), "losses");
     losses = r->global_loss;
