@@ -474,9 +474,12 @@ class nccl_communicator final : public communicator {
   template <class E = dist_error>
   [[noreturn]] void fail(const std::string& why, const char* what) {
     const std::string reason = std::string(what) + ": " + why;
+    const bool formed = comm_ != nullptr;
     abort_comm(reason);
     throw E("etude: " + describe() + ": " + reason +
-            "; the NCCL communicator was aborted, so the other ranks fail too; the run resumes from its last checkpoint");
+            (formed ? "; the NCCL communicator was aborted, so the other ranks fail too; the run resumes from its last "
+                      "checkpoint"
+                    : std::string()));
   }
 
   [[noreturn]] void fail_nccl(ncclResult_t r, const std::string& call, const char* what) {
