@@ -12,25 +12,12 @@
 #include <unistd.h>
 
 #include "etude/dist/id_file.hpp"
+#include "support.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory per test case, removed afterwards.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    path = fs::temp_directory_path() /
-           ("etude_id_file_" + std::to_string(::getpid()) + "_" +
-            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
+using etude::dist_test::temp_dir;
 
 std::array<unsigned char, 128> pattern(unsigned char seed) {
   std::array<unsigned char, 128> id{};
@@ -51,7 +38,7 @@ std::string message_of(const std::string& path, std::size_t bytes, int world, do
 }  // namespace
 
 TEST_CASE("id file: a missing file times out with an error naming the path", "[dist][id_file]") {
-  temp_dir dir;
+  temp_dir dir("etude_id_file");
   const std::string path = (dir.path / "nccl.id").string();
   const auto t0 = std::chrono::steady_clock::now();
   const std::string msg = message_of(path, 128, 2, 0.2);
@@ -64,7 +51,7 @@ TEST_CASE("id file: a missing file times out with an error naming the path", "[d
 }
 
 TEST_CASE("id file: what rank 0 publishes is what the others read, and no temporary is left", "[dist][id_file]") {
-  temp_dir dir;
+  temp_dir dir("etude_id_file");
   const std::string path = (dir.path / "nccl.id").string();
   const auto id = pattern(3);
   etude::publish_id_file(path, id.data(), id.size(), 4);
@@ -88,7 +75,7 @@ TEST_CASE("id file: what rank 0 publishes is what the others read, and no tempor
 }
 
 TEST_CASE("id file: a reader waiting for the file gets it once rank 0 writes it", "[dist][id_file]") {
-  temp_dir dir;
+  temp_dir dir("etude_id_file");
   const std::string path = (dir.path / "nccl.id").string();
   const auto id = pattern(11);
   std::thread writer([&] {
@@ -106,7 +93,7 @@ TEST_CASE("id file: a reader waiting for the file gets it once rank 0 writes it"
 
 TEST_CASE("id file: a file of another world size, size or format is refused at once, naming the path",
           "[dist][id_file]") {
-  temp_dir dir;
+  temp_dir dir("etude_id_file");
   const std::string path = (dir.path / "nccl.id").string();
   const auto id = pattern(5);
   etude::publish_id_file(path, id.data(), id.size(), 8);
@@ -134,7 +121,7 @@ TEST_CASE("id file: a file of another world size, size or format is refused at o
 }
 
 TEST_CASE("id file: rank 0 cannot write into a missing directory, and says where", "[dist][id_file]") {
-  temp_dir dir;
+  temp_dir dir("etude_id_file");
   const std::string path = (dir.path / "missing" / "nccl.id").string();
   const auto id = pattern(1);
   try {

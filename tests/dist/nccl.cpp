@@ -24,10 +24,13 @@
 #include <unistd.h>
 
 #include "etude/dist/nccl.hpp"
+#include "support.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
+using etude::dist_test::solo;
+using etude::dist_test::temp_dir;
 
 int device_count() {
   int n = 0;
@@ -38,20 +41,6 @@ int device_count() {
 void cuda_ok(cudaError_t e, const char* call) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(e));
 }
-
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    path = fs::temp_directory_path() /
-           ("etude_nccl_" + std::to_string(::getpid()) + "_" +
-            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 // A device buffer of T on the calling thread's current device.
 template <class T>
@@ -76,32 +65,6 @@ struct stream_owner {
   cudaStream_t s = nullptr;
   stream_owner() { cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
   ~stream_owner() { cudaStreamDestroy(s); }
-};
-
-// One process as a communicator: what the MPI bootstrap looks like with a world of one.
-class solo final : public etude::communicator {
- public:
-  int broadcasts = 0;
-  int rank() const noexcept override { return 0; }
-  int size() const noexcept override { return 1; }
-  std::string describe() const override { return "solo"; }
-  bool device_memory() const noexcept override { return false; }
-  bool ordered_sums() const noexcept override { return true; }
-  double timeout() const noexcept override { return 1; }
-  void allreduce_host(std::int64_t*, std::size_t, const char*) override {}
-  void allreduce_host(double*, std::size_t, const char*) override {}
-  void allgather_host(const void* send, void* recv, std::size_t bytes, const char*) override {
-    std::memcpy(recv, send, bytes);
-  }
-  void broadcast_host(void*, std::size_t, int, const char*) override { ++broadcasts; }
-  void barrier(const char*) override {}
-  void reduce_start(void*, etude::comm_type, etude::index_t, etude::index_t, const etude::partition&,
-                    const char*) override {}
-  void progress() override {}
-  void reduce_wait() override {}
-  void allgather(void*, etude::comm_type, const etude::partition&, const char*) override {}
-  void allreduce(double*, std::size_t, const char*) override {}
-  void allreduce_max(std::int64_t*, std::size_t, const char*) override {}
 };
 
 // x_r[i] for rank r: integers small enough that float sums of two ranks are exact.
@@ -233,7 +196,7 @@ std::string dist_error_of(F&& f) {
 }  // namespace
 
 TEST_CASE("nccl: one rank, the id through a file: every collective on device buffers", "[nccl]") {
-  temp_dir dir;
+  temp_dir dir("etude_nccl");
   const std::string path = (dir.path / "nccl.id").string();
   etude::nccl_communicator comm(etude::nccl_file_bootstrap{path, 0, 1}, 0, {.timeout = 60});
   CHECK(comm.describe() == "nccl (rank 0 of 1, device 0)");
@@ -282,7 +245,7 @@ TEST_CASE("nccl: a device that does not exist is refused", "[nccl]") {
 }
 
 TEST_CASE("nccl: a missing id file times out naming the path", "[nccl]") {
-  temp_dir dir;
+  temp_dir dir("etude_nccl");
   const std::string path = (dir.path / "never.id").string();
   const std::string msg = dist_error_of([&] {
     etude::nccl_communicator comm(etude::nccl_file_bootstrap{path, 1, 2}, 0, {.timeout = 0.5});
@@ -310,7 +273,7 @@ TEST_CASE("nccl: two ranks on two devices, the id through a file", "[nccl][two]"
     WARN("one device: the two-rank case needs two and is skipped");
     return;
   }
-  temp_dir dir;
+  temp_dir dir("etude_nccl");
   const std::string path = (dir.path / "nccl.id").string();
   rank_results results[2];
   std::exception_ptr errors[2];

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -38,6 +39,13 @@ namespace detail {
 // of ours and written for its world size before it trusts the bytes.
 inline std::string id_file_header(int world_size, std::size_t bytes) {
   return "etude-id v1 " + std::to_string(world_size) + " " + std::to_string(bytes) + "\n";
+}
+
+// "0.3", "300": seconds in messages.
+inline std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
 }
 
 }  // namespace detail
@@ -104,7 +112,7 @@ inline void read_id_file(const std::string& path, void* data, std::size_t bytes,
                        "Give each job its own path");
     }
     if (clock::now() >= deadline) {
-      throw dist_error("etude: the id file " + path + " did not appear within " + std::to_string(timeout_s) +
+      throw dist_error("etude: the id file " + path + " did not appear within " + detail::seconds_text(timeout_s) +
                        " s: rank 0 writes it; check that rank 0 started and got past its own set-up, and that "
                        "every rank names the same path on a filesystem they all share");
     }

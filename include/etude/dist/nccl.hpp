@@ -129,7 +129,12 @@ class nccl_communicator final : public communicator {
     } else {
       read_id_file(boot.path, &id, sizeof id, size_, opt_.timeout);
     }
-    start(id);
+    try {
+      start(id);
+    } catch (...) {
+      if (rank_ == 0) remove_id_file(boot.path);  // a later run must not find this dead id
+      throw;
+    }
     // Every rank has read the file: NCCL's initialisation completes only when all have joined.
     if (rank_ == 0) remove_id_file(boot.path);
   }
@@ -315,7 +320,8 @@ class nccl_communicator final : public communicator {
 
   void reduce_wait() override {
     std::lock_guard lock(mu_);
-    const char* what = pending_ ? pending_what_ : "reduce_wait";
+    const std::string named = pending_ ? pending_what_ : std::string("reduce_wait");
+    const char* what = named.c_str();
     enter(what);
     if (!pending_) return;
     cudaEvent_t done = event(what);
@@ -382,7 +388,7 @@ class nccl_communicator final : public communicator {
       throw invalid_argument("etude: " + describe() + ": the device must be a CUDA device index (the local rank, as a rule)");
     }
     if (!(opt_.timeout > 0)) {
-      throw invalid_argument("etude: " + describe() + ": the timeout (" + std::to_string(opt_.timeout) +
+      throw invalid_argument("etude: " + describe() + ": the timeout (" + detail::seconds_text(opt_.timeout) +
                              " s) must be positive");
     }
   }
@@ -407,6 +413,7 @@ class nccl_communicator final : public communicator {
       check(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority",
             what);
       check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags", what);
+      stage(1, what);
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       ncclComm_t comm = nullptr;
@@ -434,10 +441,14 @@ class nccl_communicator final : public communicator {
     free_events_.clear();
     if (ready_ != nullptr) cudaEventDestroy(ready_);
     ready_ = nullptr;
-    if (dev_stage_ != nullptr) cudaFree(dev_stage_);
+    if (dev_stage_ != nullptr) retired_device_.push_back(dev_stage_);
     dev_stage_ = nullptr;
-    if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
+    if (host_stage_ != nullptr) retired_host_.push_back(host_stage_);
     host_stage_ = nullptr;
+    for (char* p : retired_device_) cudaFree(p);
+    retired_device_.clear();
+    for (char* p : retired_host_) cudaFreeHost(p);
+    retired_host_.clear();
     stage_bytes_ = 0;
     if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
     comm_stream_ = nullptr;
@@ -503,7 +514,7 @@ class nccl_communicator final : public communicator {
   [[noreturn]] void fail_timeout(const char* call, const char* what) {
     std::string others = size_ == 1 ? std::string("(none: this is the only rank)")
                                     : "0.." + std::to_string(size_ - 1) + " but " + std::to_string(rank_);
-    fail(std::string(call) + " did not complete within " + std::to_string(opt_.timeout) +
+    fail(std::string(call) + " did not complete within " + detail::seconds_text(opt_.timeout) +
              " s; it waits for every other rank " + others +
              ", and NCCL does not say which of them failed or hangs: look for the rank that died, hung or called "
              "a different collective first (its own error, or the launcher's log)",
@@ -577,14 +588,16 @@ class nccl_communicator final : public communicator {
     }
   }
 
-  // The staging buffers hold at least `bytes` (grown, never shrunk; the previous host collective
-  // has completed, so they are free).
+  // The staging buffers hold at least `bytes`: made in start(), grown (doubled) when a host
+  // collective needs more. The old ones are kept until the destructor, because cudaFree and
+  // cudaFreeHost synchronise the device, which waits for every NCCL kernel on it, and a kernel
+  // that waits for a dead peer never ends: a free here could hang without a deadline.
   void stage(std::size_t bytes, const char* what) {
     if (bytes <= stage_bytes_) return;
-    const std::size_t want = std::max<std::size_t>(bytes, 4096);
-    if (dev_stage_ != nullptr) check(cudaFree(dev_stage_), "cudaFree (staging)", what);
+    const std::size_t want = std::max<std::size_t>({bytes, 2 * stage_bytes_, std::size_t{64} << 10});
+    if (dev_stage_ != nullptr) retired_device_.push_back(dev_stage_);
     dev_stage_ = nullptr;
-    if (host_stage_ != nullptr) check(cudaFreeHost(host_stage_), "cudaFreeHost (staging)", what);
+    if (host_stage_ != nullptr) retired_host_.push_back(host_stage_);
     host_stage_ = nullptr;
     stage_bytes_ = 0;
     void* d = nullptr;
@@ -674,7 +687,7 @@ class nccl_communicator final : public communicator {
       if (!watched_.empty() && clock::now() - watched_.front().since > std::chrono::duration<double>(opt_.timeout)) {
         const std::string others =
             size_ == 1 ? std::string() : " (ranks 0.." + std::to_string(size_ - 1) + " but " + std::to_string(rank_) + ")";
-        abort_comm(watched_.front().what + " did not complete within " + std::to_string(opt_.timeout) +
+        abort_comm(watched_.front().what + " did not complete within " + detail::seconds_text(opt_.timeout) +
                    " s (watchdog); NCCL does not say which of the other ranks" + others +
                    " failed or hangs: look for the one that stopped first");
       }
@@ -709,11 +722,13 @@ class nccl_communicator final : public communicator {
   cudaStream_t comm_stream_ = nullptr;  // reductions and host collectives
   cudaEvent_t ready_ = nullptr;         // a bucket is ready on stream_
   bool pending_ = false;                // reductions started and not yet waited for
-  const char* pending_what_ = "";
+  std::string pending_what_;
 
   char* dev_stage_ = nullptr;   // (stage_bytes_) host collectives' device buffer
   char* host_stage_ = nullptr;  // (stage_bytes_) pinned
   std::size_t stage_bytes_ = 0;
+  std::vector<char*> retired_device_;  // outgrown staging buffers (see stage())
+  std::vector<char*> retired_host_;
 
   std::deque<watched> watched_;
   std::vector<cudaEvent_t> free_events_;
