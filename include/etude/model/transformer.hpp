@@ -362,10 +362,20 @@ struct transformer {
     }
   }
 
+  // No one to tell when gradients are final (backward's default).
+  struct no_ready {
+    void operator()(index_t) const {}
+  };
+
   // Backward from dlnf (in scratch.dh, written by head()) to every parameter gradient
-  // (accumulated into g), recomputing what the checkpoint policy did not keep.
+  // (accumulated into g), recomputing what the checkpoint policy did not keep. ready(offset) is
+  // called whenever the gradients of parameter elements [offset, total) are final (the table's
+  // tail first: heads and final norm, then each layer from the last, then the embeddings, then the
+  // conditions); the last call is ready(0). Data parallelism starts its bucket reductions there.
+  template <class Ready = no_ready>
   static void backward(const W* p, G* g, std::byte* saved, std::byte* work, const token_t* seq, index_t batch,
-                       index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
+                       index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {},
+                       Ready&& ready = {}) {
     const index_t len = positions(steps), rows = batch * len;
     A* dx = scratch.dx;
     A* dh = scratch.dh;
@@ -377,6 +387,7 @@ struct transformer {
                            final_at<A>(saved, final_slot::x_out, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), param(p, param_kind::out_norm_weight), rows,
                            D);
+    ready(params::at(param_kind::out_norm_weight, -1, -1).offset);
     for (int l = S.layers - 1; l >= 0; --l) {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
@@ -398,6 +409,7 @@ struct transformer {
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
       Backend::layernorm_bwd(dx, param(g, param_kind::norm1_weight, l), param(g, param_kind::norm1_bias, l), dh,
                              a.x_in, a.ln1_mean, a.ln1_rstd, param(p, param_kind::norm1_weight, l), rows, D);
+      ready(params::at(param_kind::norm1_weight, l, -1).offset);
     }
     G* dtables[K];
     for (int k = 0; k < K; ++k) dtables[k] = param(g, param_kind::embedding, -1, k);
@@ -414,7 +426,9 @@ struct transformer {
       Backend::sum_rows(cd.csum, dx, batch, steps, D);
       Backend::add_rows(cd.dcond, cd.csum, batch, LC, D);
     }
+    ready(params::at(param_kind::embedding, -1, 0).offset);
     if constexpr (conditioned) encode_conditions_bwd(p, g, cd, batch, ws);
+    ready(0);
   }
 
   // The cross-attention block's backward, from dx = d x_mid to dx = d x_sa: its out projection,

@@ -16,6 +16,9 @@
 //                 error, so the gradients stay for the report (clear_unless leaves them).
 //       refused = -1 (an optimiser's check names the refused value there, below).
 //   clear_unless(x, n, const int* keep)   x[0, n) = 0 unless *keep
+//   share_refusal(const step_decision* d, index_t offset, int64_t* key)   *key = shared_refusal(*d, offset)
+//   take_refusal(step_decision* d, const int64_t* key)                    agree_refusal(*d, *key)
+//       (data parallelism with a sharded optimiser; see below)
 //
 // out->sum_squares is written by the reduction (sum_squares(grads, n, &out->sum_squares)) before
 // step_control reads it. Every pointer is memory of the backend that runs the op.
@@ -28,6 +31,8 @@
 #pragma once
 
 #include <math.h>
+
+#include <cstdint>
 
 #include "etude/core/types.hpp"
 
@@ -85,6 +90,8 @@ struct step_scalars {
 template <int N>
 struct step_results {
   double loss[N];          // summed cross-entropy of (microbatch, codebook); evaluation: codebook k at k
+  double global_loss[N];   // data parallelism: loss summed over ranks (what the decision reads)
+  std::int64_t refusal;    // data parallelism with sharded optimiser state: share_refusal's value
   step_decision decision;
 };
 
@@ -109,12 +116,33 @@ ETUDE_HOST_DEVICE inline void decide_step(const step_limits& in, const double* l
   out.refused = -1;
 }
 
+// Data parallelism with sharded optimiser state (ZeRO-1): each rank checks its own shard, so the
+// refusal must be agreed before any rank updates. share_refusal writes the rank's refusal as one
+// integer whose largest value over ranks (an all-reduce max) is the first refused value of the
+// whole buffer: refused_none when the shard refused nothing, else no_refusal_key − the absolute
+// key (the shard's keys are relative to its first element, `offset`). take_refusal applies the
+// agreed value: every rank skips the update and reports the same key.
+inline constexpr std::int64_t refused_none = -1;
+inline constexpr std::int64_t no_refusal_key = 0x7fffffffffffffffLL;
+ETUDE_HOST_DEVICE inline std::int64_t shared_refusal(const step_decision& d, index_t offset) {
+  return (d.status & step_update_not_finite) != 0 ? no_refusal_key - (d.refused + update_value_key(offset, 0))
+                                                  : refused_none;
+}
+
 // An optimiser's check found that the update would store a non-finite value (key: update_value_key
 // of the first): the update is skipped and nothing is written. Only called while !out.skip.
 ETUDE_HOST_DEVICE inline void refuse_update(step_decision& out, index_t key) {
   out.status |= step_update_not_finite;
   out.skip = 1;
   out.refused = key;
+}
+
+// Applies share_refusal's agreed value (see above) on every rank.
+ETUDE_HOST_DEVICE inline void agree_refusal(step_decision& out, std::int64_t agreed) {
+  if (agreed == refused_none) return;
+  out.status |= step_update_not_finite;
+  out.skip = 1;
+  out.refused = no_refusal_key - agreed;
 }
 
 }  // namespace etude

@@ -151,6 +151,19 @@ struct step_token_counts {
   // What microbatch m's loss of codebook k is divided by: the step's tokens of k (tokens), or the
   // microbatch's own (mean_of_means, whose step then averages the microbatches' means).
   index_t normaliser(int m, int k) const { return norm == loss_norm::tokens ? total(k) : count(m, k); }
+  // The first codebook whose loss would divide by zero (tokens: no target in the step; mean_of_means:
+  // none in some microbatch), or −1.
+  int undefined_codebook() const {
+    for (int k = 0; k < codebooks; ++k) {
+      if (norm == loss_norm::tokens ? total(k) == 0 : [&] {
+            for (int m = 0; m < microbatches; ++m)
+              if (count(m, k) == 0) return true;
+            return false;
+          }())
+        return k;
+    }
+    return -1;
+  }
 };
 
 // Counts for a batch of `microbatches` equal microbatches (check_batch first); throws
@@ -164,7 +177,7 @@ inline invalid_input no_valid_target(const std::string& what, int k, const std::
 }
 
 inline step_token_counts count_step_tokens(const batch_view& batch, const pattern_plan& plan, int microbatches,
-                                           loss_norm norm) {
+                                           loss_norm norm, bool check = true) {
   const int K = batch.codebooks;
   const index_t nb = batch.batch / microbatches;
   step_token_counts c;
@@ -177,14 +190,9 @@ inline step_token_counts count_step_tokens(const batch_view& batch, const patter
     for (int k = 0; k < K; ++k) c.counts[static_cast<std::size_t>(m * K + k)] = valid_targets(batch, plan, m * nb, nb, k);
   for (int m = 0; m < microbatches; ++m)
     for (int k = 0; k < K; ++k) c.totals[static_cast<std::size_t>(k)] += c.count(m, k);
-  for (int k = 0; k < K; ++k) {
-    const index_t n = norm == loss_norm::tokens ? c.total(k) : [&] {
-      index_t least = std::numeric_limits<index_t>::max();
-      for (int m = 0; m < microbatches; ++m) least = std::min(least, c.count(m, k));
-      return least;
-    }();
-    if (n == 0) throw no_valid_target("training batch", k, norm == loss_norm::tokens ? "" : " in some microbatch");
-  }
+  if (check)
+    if (const int k = c.undefined_codebook(); k >= 0)
+      throw no_valid_target("training batch", k, norm == loss_norm::tokens ? "" : " in some microbatch");
   return c;
 }
 

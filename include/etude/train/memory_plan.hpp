@@ -17,24 +17,27 @@
 
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/transformer.hpp"
+#include "etude/train/communicator.hpp"
 
 namespace etude {
 
 struct memory_plan {
   index_t parameters = 0;        // weights as the passes read them (param_t)
   index_t master = 0;            // fp32 master weights of mixed policies
-  index_t gradients = 0;         // parameter gradients (grad_t)
-  index_t optimizer_states = 0;  // moments (state_t)
+  index_t gradients = 0;         // parameter gradients (grad_t), and a microbatch's own when accumulating
+  index_t optimizer_states = 0;  // moments (state_t); under ZeRO-1 this rank's shard
   index_t activations = 0;       // saved for backward under the checkpoint policy
   index_t inputs = 0;            // the batch as handed over (all microbatches: tokens + masks),
                                  // the microbatch's pattern sequences + targets, pattern tables
   index_t temporaries = 0;       // recompute region, backward scratch, attention, positions, gemm
-  index_t communication = 0;     // gradient all-reduce buffer (world size > 1)
+  index_t communication = 0;     // data parallelism on the host: the other ranks' contributions to the
+                                 // gradients this rank sums (MPI's staging; NCCL reduces in place)
   index_t reserve = 0;           // held by the backend's allocator beyond the above
   // what it was planned for
   index_t microbatch = 0;        // examples per microbatch
@@ -81,6 +84,7 @@ struct plan_options {
   int threads = 1;     // CPU threads: the CPU attention scratch has one slot per thread (trainer::plan
                        // passes the backend's thread count; a GPU backend ignores it)
   int world_size = 1;  // data-parallel ranks (communication buffers)
+  bool zero1 = false;  // the optimiser's state sharded over the ranks
 };
 
 // The trainer's step workspace: one arena per microbatch of `nb` examples and `steps` pattern
@@ -153,8 +157,10 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   p.accumulation = Config::microbatches;
   p.parameters = P * size(typename policy::param_t{});
   p.master = policy::has_master ? P * size(typename policy::master_t{}) : 0;
-  p.gradients = P * size(typename policy::grad_t{});
-  p.optimizer_states = Config::optimizer::state_tensors * P * size(typename policy::state_t{});
+  p.gradients = (Config::microbatches > 1 ? 2 : 1) * P * size(typename policy::grad_t{});
+  // rank 0's shard is the largest
+  const partition shards{P, options.zero1 ? options.world_size : 1};
+  p.optimizer_states = Config::optimizer::state_tensors * shards.size(0) * size(typename policy::state_t{});
   p.activations = ws.saved + ws.cond_saved;
   // the batch as the loader hands it over (tokens + padding mask), the microbatch's pattern
   // sequences and targets, and the pattern's source/target tables
@@ -166,10 +172,10 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   // (the positions table covers the prepended rows too)
   p.temporaries = ws.work + ws.scratch + ws.cond_scratch + ws.attention + ws.gemm +
                   step_workspace<Config, Backend>::net::positions(steps) * S.dim * size(typename policy::compute_t{});
-  p.communication =
-      options.world_size > 1 && !std::is_same_v<typename policy::comm_t, typename policy::grad_t>
-          ? P * size(typename policy::comm_t{})
-          : 0;
+  const partition owners{P, options.world_size};
+  p.communication = options.world_size > 1 && std::string_view(Backend::name) == "cpu"
+                        ? (options.world_size - 1) * owners.size(0) * size(typename policy::grad_t{})
+                        : 0;
   p.reserve = Backend::reserve_bytes;
   return p;
 }

@@ -40,6 +40,7 @@
 #include "etude/ops/step_control.hpp"
 #include "etude/ops/step_executor.hpp"
 #include "etude/train/batch_check.hpp"
+#include "etude/train/communicator.hpp"
 #include "etude/train/detail/mirror.hpp"
 #include "etude/train/detail/step_rules.hpp"
 #include "etude/train/memory_plan.hpp"
@@ -79,8 +80,26 @@ class trainer {
   // state, e.g. an oracle asked for gradients); a device trainer is not.
 
   // The memory plan of this trainer for microbatches of b examples of `frames` frames, with the
-  // thread count the backend runs with now.
-  static memory_plan plan(index_t b, index_t frames, int world_size = 1);
+  // thread count the backend runs with now, on one of world_size data-parallel ranks (zero1: with
+  // the optimiser's state sharded).
+  static memory_plan plan(index_t b, index_t frames, int world_size = 1, bool zero1 = false);
+
+  // ---- data parallelism (train/communicator.hpp) -------------------------------------------------
+  // Makes this trainer one rank of dp.comm's world: every rank calls it once, before its first
+  // step or restore, with the same configuration. The ranks start from rank 0's parameters. A step
+  // then takes this rank's share of the global batch (the examples [rank·B, (rank+1)·B) of it, B
+  // equal on every rank): the loss is normalised by the valid targets of all ranks (loss_norm::
+  // tokens) or is the mean of every rank's microbatch means (mean_of_means); the gradients are
+  // summed over ranks in buckets of dp.bucket_bytes, started while backward still runs; clipping
+  // sees the global norm; the statistics are global. With dp.zero1 each rank keeps and updates
+  // only its shard of the optimiser's state (shards()), and the updated weights are all-gathered.
+  // A step's collectives fail as dist_error (a dead or hung rank, within the communicator's
+  // timeout); the trainer's state is then unusable and the run resumes from a checkpoint.
+  void distribute(const data_parallel& dp);
+  const data_parallel& parallel() const { return dp_; }
+  // The optimiser-state shards: partition{P, world size} under zero1, the whole otherwise.
+  partition shards() const { return dp_.zero1 ? partition{P, dp_.size()} : partition{P, 1}; }
+  int shard_rank() const { return dp_.zero1 ? dp_.rank() : 0; }
 
   // One optimiser update from a batch of B = microbatches · b examples.
   //
@@ -153,7 +172,8 @@ class trainer {
 
   // Puts the trainer in a saved state: the update count, the (master) parameters and the
   // optimiser's state buffers (flat, in parameter-table order, as parameters() and
-  // optimizer_state() give them). Checks every size first and changes nothing when one is wrong.
+  // optimizer_state() give them: this rank's shard under zero1). Checks every size first and
+  // changes nothing when one is wrong.
   void restore(long step, std::span<const value_type> params, std::span<const state_type> state1,
                std::span<const state_type> state2 = {});
 
@@ -216,6 +236,10 @@ class trainer {
   // Condition dropout's draw: the training passes before this one (lay_out_conditions).
   std::uint64_t dropout_draw() const { return static_cast<std::uint64_t>(step_ + scaler_.skipped); }
   int stage_training_batch(const batch_view& batch, bool pending);
+  // Data parallelism: every rank's counts summed (before any backward: they weight the loss).
+  void share_counts(step_token_counts& tc) const;
+  // The gradient flow of one microbatch's backward (transformer::backward's ready hook).
+  struct gradient_flow;
   step_stats training_pass(const batch_view& batch, bool update);
   void write_scalars(const step_token_counts& tc, double lr);
   void enqueue(int slot, index_t nb, index_t steps, bool update);
@@ -234,6 +258,9 @@ class trainer {
   detail::mirrored<executor, value_type> master_;   // the weights (the fp32 master copy under mixed policies)
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
+  detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
+  data_parallel dp_;
+  std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank
   detail::mirrored<executor, state_type> states_[optimizer_state_count];  // the optimiser's (state_names)
   typename executor::template buffer<compute_type> pos_;  // (S, D) positions of the longest batch so far
   index_t pos_steps_ = 0;  // rows of pos_
@@ -261,6 +288,9 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
   master_.allocate(exec_, P);
   if constexpr (policy::has_master) working_.allocate(exec_, P);
   grads_.allocate(exec_, P);
+  // each microbatch's gradients are summed into the step's as a rank's would be, so N microbatches
+  // equal N ranks bit for bit (train/communicator.hpp)
+  if constexpr (microbatches > 1) micro_grads_.allocate(exec_, P);
   for (auto& s : states_) s.allocate(exec_, P);
   scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
   detail::initialise_parameters<params>(master_.host_mutable(exec_).data(), h.seed);
@@ -269,8 +299,43 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
 }
 
 template <class Config, class Backend>
-memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_size) {
-  return plan_memory<Config, Backend>(b, frames, {threads(), world_size});
+memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_size, bool zero1) {
+  return plan_memory<Config, Backend>(b, frames, {threads(), world_size, zero1});
+}
+
+template <class Config, class Backend>
+void trainer<Config, Backend>::distribute(const data_parallel& dp) {
+  const std::string who = "trainer::distribute";
+  if (dp_.comm != nullptr) throw invalid_argument(who + ": this trainer is already " + dp_.comm->describe() + "; call it once");
+  if (dp.comm == nullptr) {
+    if (dp.zero1) throw invalid_argument(who + ": zero1 shards the optimiser over ranks and needs a communicator");
+    return;
+  }
+  if (dp.bucket_bytes == 0) throw invalid_argument(who + ": bucket_bytes must be > 0 (25 MiB is a good start)");
+  if (dp.comm->device_memory() == executor::host_resident)
+    throw invalid_argument(who + ": " + dp.comm->describe() + " exchanges " +
+                           (dp.comm->device_memory() ? "device" : "host") + " buffers, but this trainer's state lives in " +
+                           (executor::host_resident ? "host" : "device") +
+                           " memory; use the MPI communicator with the CPU backend and NCCL with CUDA");
+  if (step_ != 0) throw invalid_argument(who + ": call it before the first step or restore");
+  [[maybe_unused]] const auto guard = exec_.enter();
+  // one seed gives every rank the same initial weights; rank 0's make sure of it
+  std::span<value_type> w = master_.host_mutable(exec_);
+  dp.comm->broadcast_host(w.data(), w.size_bytes(), 0, "initial parameters");
+  working_stale_ = true;
+  dp_ = dp;
+  if (dp.zero1) {
+    const partition sh = shards();
+    const index_t lo = sh.begin(dp.rank()), n = sh.size(dp.rank());
+    for (auto& s : states_) {
+      std::vector<state_type> kept(s.host(exec_).begin() + lo, s.host(exec_).begin() + lo + n);
+      s.allocate(exec_, n);
+      std::copy(kept.begin(), kept.end(), s.host_mutable(exec_).begin());
+    }
+  }
+  if constexpr (requires { exec_.context().stream(); }) dp.comm->bind(static_cast<void*>(exec_.context().stream()));
+  prepare_state();
+  note_memory(0);
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -332,7 +397,8 @@ step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool
     if (slot >= 0 && staged_draw_[static_cast<std::size_t>(slot)] != dropout_draw()) slot = -1;
   if (slot < 0) slot = stage_training_batch(batch, false);
   const pattern_plan& plan = plan_for(batch.frames);
-  const step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm);
+  step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm, dp_.comm == nullptr);
+  if (dp_.comm != nullptr) share_counts(counts);
   const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
   prepare_state();
   write_scalars(counts, lr);
@@ -362,6 +428,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
     const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0);
     for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += valid_targets(batch, plan, b0, nb, k);
   }
+  if (dp_.comm != nullptr) dp_.comm->allreduce_host(counts.data(), counts.size(), "evaluation token counts");
   for (int k = 0; k < K; ++k)
     if (counts[static_cast<std::size_t>(k)] == 0) throw no_valid_target("evaluation batch", k);
   const int slot = stage_parts(batch, chunk, false, false);
@@ -384,12 +451,13 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
   });
   note_memory(used);
   std::vector<double> sums(K);
-  for (int k = 0; k < K; ++k) {
-    sums[static_cast<std::size_t>(k)] = control_.host_results().loss[k];
+  for (int k = 0; k < K; ++k) sums[static_cast<std::size_t>(k)] = control_.host_results().loss[k];
+  if (dp_.comm != nullptr) dp_.comm->allreduce_host(sums.data(), sums.size(), "evaluation losses");
+  for (int k = 0; k < K; ++k)
     if (!std::isfinite(sums[static_cast<std::size_t>(k)])) throw detail::non_finite_evaluation(step_, k);
-  }
   eval_stats st;
   detail::fill_stats<K>(st, sums, counts, batch);
+  st.frames *= dp_.size();
   return st;
 }
 
@@ -434,10 +502,12 @@ template <class Config, class Backend>
 void trainer<Config, Backend>::restore(long step, std::span<const value_type> params,
                                        std::span<const state_type> state1, std::span<const state_type> state2) {
   const auto n = static_cast<std::size_t>(P);
+  const auto ns = static_cast<std::size_t>(shards().size(shard_rank()));
   const bool two = optimizer_state_count > 1;
-  if (step < 0 || params.size() != n || state1.size() != n || (two ? state2.size() != n : !state2.empty()))
-    throw invalid_input("trainer::restore: expected step >= 0 and " + std::to_string(optimizer_state_count + 1) +
-                        " buffers of " + std::to_string(n) + " values; got step " + std::to_string(step) +
+  if (step < 0 || params.size() != n || state1.size() != ns || (two ? state2.size() != ns : !state2.empty()))
+    throw invalid_input("trainer::restore: expected step >= 0, " + std::to_string(n) + " parameters and " +
+                        std::to_string(optimizer_state_count) + " optimiser state buffers of " + std::to_string(ns) +
+                        " values" + (dp_.zero1 ? " (this rank's shard)" : "") + "; got step " + std::to_string(step) +
                         " and buffers of " + std::to_string(params.size()) + ", " + std::to_string(state1.size()) +
                         ", " + std::to_string(state2.size()) + ": the checkpoint belongs to another model");
   [[maybe_unused]] const auto guard = exec_.enter();

@@ -19,6 +19,12 @@ struct cpu_elementwise {
   static void fill_zero(T* dst, index_t n) {
     if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
   }
+  template <class T>
+  static void accumulate(T* dst, const T* src, index_t n) {
+    using F = cpu_detail::compute_of<T>;
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
+    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<T>(cpu_detail::cv<F>(dst[i]) + cpu_detail::cv<F>(src[i]));
+  }
 
   template <class Y, class X>
   static void gelu_fwd(Y* y, const X* x, index_t n) {

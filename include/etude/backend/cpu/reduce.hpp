@@ -11,11 +11,23 @@
 namespace etude::backend {
 
 struct cpu_reduce {
+  static constexpr index_t sum_squares_block = 4096;
+
   template <class T>
   static void sum_squares(const T* x, index_t n, double* out) {
-    constexpr index_t block = 4096;
+    std::vector<double> partial(static_cast<std::size_t>((n + sum_squares_block - 1) / sum_squares_block));
+    sum_squares_blocks(x, n, partial.data());
+    double total = 0.0;
+    for (double s : partial) total += s;
+    *out = total;
+  }
+  // The block sums sum_squares adds in order: partial[b] = Σ x[i]² over block b of x. A rank of a
+  // sharded optimiser computes its shard's blocks (shards start on a block), and the ranks' blocks
+  // added in order give the bits one process gets (train/communicator.hpp).
+  template <class T>
+  static void sum_squares_blocks(const T* x, index_t n, double* partial) {
+    constexpr index_t block = sum_squares_block;
     const index_t blocks = (n + block - 1) / block;
-    std::vector<double> partial(static_cast<std::size_t>(blocks));
 #pragma omp parallel for schedule(static)
     for (index_t blk = 0; blk < blocks; ++blk) {
       double s = 0.0;
@@ -25,11 +37,8 @@ struct cpu_reduce {
         const double v = cpu_detail::cv<cpu_detail::compute_of<T>>(x[i]);
         s += v * v;
       }
-      partial[static_cast<std::size_t>(blk)] = s;
+      partial[blk] = s;
     }
-    double total = 0.0;
-    for (double s : partial) total += s;
-    *out = total;
   }
 
   // Any NaN or infinity in x?

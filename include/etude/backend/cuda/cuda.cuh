@@ -116,6 +116,10 @@ struct cuda : cuda_condition, cuda_cross_attention {
     ::etude::cuda::fill_zero(dst, n);
   }
   template <class T>
+  static void accumulate(T* dst, const T* src, index_t n) {
+    ::etude::cuda::accumulate(dst, src, n);
+  }
+  template <class T>
   static void sinusoid(T* out, index_t steps, index_t dim) {
     ::etude::cuda::sinusoid(out, steps, dim);
   }
@@ -237,6 +241,10 @@ struct cuda : cuda_condition, cuda_cross_attention {
   static void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
     ::etude::cuda::step_control(in, losses, n, out);
   }
+  static void share_refusal(const step_decision* d, index_t offset, std::int64_t* key) {
+    ::etude::cuda::share_refusal(d, offset, key);
+  }
+  static void take_refusal(step_decision* d, const std::int64_t* key) { ::etude::cuda::take_refusal(d, key); }
   template <class T>
   static void clear_unless(T* x, index_t n, const int* keep) {
     ::etude::cuda::clear_unless(x, n, keep);

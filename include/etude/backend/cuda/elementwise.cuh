@@ -24,6 +24,16 @@ __global__ void convert_kernel(D* dst, const S* src, index_t n) {
   grid_stride<Unroll>(n, [&](index_t i) { dst[i] = from_float<D>(to_float(src[i])); });
 }
 
+// dst += src: a microbatch's gradients added to the step's, one rounding per element.
+template <class T, int Unroll>
+__global__ void accumulate_kernel(T* dst, const T* src, index_t n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    grid_stride<Unroll>(n, [&](index_t i) { dst[i] = dst[i] + src[i]; });
+  } else {
+    grid_stride<Unroll>(n, [&](index_t i) { dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i])); });
+  }
+}
+
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
 
 template <class D, int Unroll>
@@ -85,6 +95,15 @@ template <class T>
 void fill_zero(T* dst, index_t n) {
   if (n <= 0) return;
   ETUDE_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), current().stream()));
+}
+
+template <class T>
+void accumulate(T* dst, const T* src, index_t n) {
+  if (n <= 0) return;
+  using tune = tuning<op::elementwise, T>;
+  detail::accumulate_kernel<device_t<T>, tune::unroll>
+      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(dst), dev(src), n);
+  ETUDE_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
 
 // out (steps, dim): cos of the first half, sin of the second, periods 10000^(j / (half − 1)).

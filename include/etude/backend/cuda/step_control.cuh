@@ -26,6 +26,15 @@ __global__ void step_control_kernel(const step_limits* in, const double* losses,
   decide_step(*in, losses, n, *out);
 }
 
+template <int Unused = 0>
+__global__ void share_refusal_kernel(const step_decision* d, index_t offset, std::int64_t* key) {
+  *key = shared_refusal(*d, offset);
+}
+template <int Unused = 0>
+__global__ void take_refusal_kernel(step_decision* d, const std::int64_t* key) {
+  agree_refusal(*d, *key);
+}
+
 // Zeroes n bytes (in 16-byte words, then the tail) unless *keep.
 template <int Unroll>
 __global__ void clear_unless_kernel(unsigned char* p, index_t words, index_t bytes, const int* keep) {
@@ -63,6 +72,15 @@ inline int update_check_blocks(index_t n) {
 inline void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
   detail::step_control_kernel<<<1, 1, 0, current().stream()>>>(in, losses, n, out);
   ETUDE_CUDA_CHECK_LAUNCH("step_control_kernel");
+}
+
+inline void share_refusal(const step_decision* d, index_t offset, std::int64_t* key) {
+  detail::share_refusal_kernel<<<1, 1, 0, current().stream()>>>(d, offset, key);
+  ETUDE_CUDA_CHECK_LAUNCH("share_refusal_kernel");
+}
+inline void take_refusal(step_decision* d, const std::int64_t* key) {
+  detail::take_refusal_kernel<<<1, 1, 0, current().stream()>>>(d, key);
+  ETUDE_CUDA_CHECK_LAUNCH("take_refusal_kernel");
 }
 
 // x must be 16-byte aligned (device_buffer memory is).

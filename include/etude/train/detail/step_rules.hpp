@@ -70,15 +70,16 @@ void initialise_parameters(T* master, unsigned long long seed) {
 }
 
 // The weight of one codebook's summed cross-entropy in one microbatch, `normaliser` being its
-// valid-token count (over the whole batch for loss_norm::tokens, over the microbatch for
-// mean_of_means): 1 / (K·n), divided by the microbatch count for mean_of_means. It is rounded to
+// valid-token count (over the whole batch of every rank for loss_norm::tokens, over the microbatch
+// for mean_of_means): 1 / (K·n), divided by the microbatch and rank counts for mean_of_means. It is rounded to
 // the compute type, as every backend receives it, then multiplied by the loss scale (a power of
 // two, so exactly).
 template <class Config>
-double loss_weight(index_t normaliser, double loss_scale) {
+double loss_weight(index_t normaliser, double loss_scale, int ranks = 1) {
   using compute = typename Config::precision::compute_t;
   constexpr double K = Config::model::shape.codebooks;
-  const double per_microbatch = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / Config::microbatches;
+  // mean_of_means over data-parallel ranks: the mean of every rank's microbatch means
+  const double per_microbatch = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / (Config::microbatches * ranks);
   return static_cast<double>(static_cast<compute>(per_microbatch / (K * static_cast<double>(normaliser)))) *
          loss_scale;
 }

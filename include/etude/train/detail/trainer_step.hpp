@@ -125,9 +125,12 @@ void trainer<Config, Backend>::lay_out_conditions(const batch_view& b, index_t b
   const bool batch_dropped = dropout && hyper_.condition_dropout > 0.0 &&
                              hyper_.condition_dropout_mode == hyper::dropout_mode::per_batch &&
                              rng(hyper_.seed ^ 0x5eedc0de0b47c4ULL, draw).uniform() < hyper_.condition_dropout;
+  // a rank's examples are [rank·B, (rank+1)·B) of the global batch: the coins follow the global
+  // index, so they do not depend on how the batch is split across ranks
+  const index_t first = dp_.rank() * b.batch;
   for (index_t e = 0; e < nb; ++e) {
     const index_t src = b0 + e;
-    rng coin(hyper_.seed ^ (0xd20b0a7c0ffeeULL * (draw + 1)), static_cast<std::uint64_t>(src));
+    rng coin(hyper_.seed ^ (0xd20b0a7c0ffeeULL * (draw + 1)), static_cast<std::uint64_t>(first + src));
     bool dropped = batch_dropped;
     if (dropout && hyper_.condition_dropout > 0.0 && hyper_.condition_dropout_mode == hyper::dropout_mode::per_sample)
       dropped = coin.uniform() < hyper_.condition_dropout;
@@ -213,9 +216,52 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
   c.limits.loss_scaled = policy::loss_scaled ? 1 : 0;
   for (int m = 0; m < microbatches; ++m)
     for (int k = 0; k < K; ++k)
-      c.weight[m * K + k] = static_cast<compute_type>(detail::loss_weight<Config>(tc.normaliser(m, k), scaler_.scale));
+      c.weight[m * K + k] =
+          static_cast<compute_type>(detail::loss_weight<Config>(tc.normaliser(m, k), scaler_.scale, dp_.size()));
   c.zero_weight = compute_type(0);
 }
+
+// Every rank's valid-target counts: totals summed over ranks (the loss_norm::tokens normaliser);
+// the per-microbatch counts stay this rank's (mean_of_means). Checked only now, so every rank
+// refuses a batch together or none does.
+template <class Config, class Backend>
+void trainer<Config, Backend>::share_counts(step_token_counts& tc) const {
+  std::vector<std::int64_t> v(tc.totals.begin(), tc.totals.end());
+  // mean_of_means divides by each microbatch's own count: one rank's empty microbatch is undefined
+  const int local_bad = Config::norm == loss_norm::tokens ? -1 : tc.undefined_codebook();
+  v.push_back(local_bad >= 0 ? 1 : 0);
+  dp_.comm->allreduce_host(v.data(), v.size(), "valid-target counts");
+  for (int k = 0; k < K; ++k) tc.totals[static_cast<std::size_t>(k)] = v[static_cast<std::size_t>(k)];
+  const int k = Config::norm == loss_norm::tokens ? tc.undefined_codebook() : local_bad;
+  if (k >= 0 || v.back() > 0)
+    throw no_valid_target("training batch", k >= 0 ? k : 0,
+                          Config::norm == loss_norm::tokens ? " on any rank" : " in some microbatch of some rank");
+}
+
+// transformer::backward's ready hook for microbatch m: the part of the table whose gradients are
+// final is added to the step's gradients (microbatches after the first compute their own), and on
+// the last microbatch of a data-parallel step it is reduced over ranks in buckets of at least
+// bucket_bytes, each started as soon as it is complete.
+template <class Config, class Backend>
+struct trainer<Config, Backend>::gradient_flow {
+  grad_type* grads;
+  const grad_type* micro;   // null for the first microbatch (it wrote into grads)
+  communicator* comm;       // null unless this backward's buckets are reduced
+  partition owners;
+  index_t bucket;
+  index_t added = P;  // [added, P) is in grads
+  index_t sent = P;   // [sent, P) is being reduced
+  void operator()(index_t offset) {
+    if (micro != nullptr) Backend::accumulate(grads + offset, micro + offset, added - offset);
+    added = offset;
+    if (comm == nullptr) return;
+    if (sent - offset >= bucket || (offset == 0 && sent > 0)) {
+      comm->reduce_start(grads, comm_type_of<grad_type>(), offset, sent, owners, "gradient bucket");
+      sent = offset;
+    }
+    comm->progress();
+  }
+};
 
 // Every operation of a step, in order, with no host synchronisation and no allocation: what a
 // graph captures and what an eager step runs. update = false stops after the gradient norm
@@ -228,29 +274,77 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   results_t* r = control_.results();
   const scalars_t* c = control_.scalars();
   grad_type* grads = grads_.device();
+  grad_type* micro = micro_grads_.device();
+  communicator* comm = dp_.comm;
+  const partition owners{P, dp_.size()};  // who sums which gradients (and, under zero1, updates them)
+  const auto bucket = std::max<index_t>(1, static_cast<index_t>(dp_.bucket_bytes / sizeof(grad_type)));
   Backend::fill_zero(grads, P);
   const microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
+    grad_type* g = m == 0 ? grads : micro;
+    if (m > 0) Backend::fill_zero(micro, P);
     exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.inputs());
     net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
     for (int k = 0; k < K; ++k)
-      net::head(weights(), grads, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
+      net::head(weights(), g, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
                 &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);
-    net::backward(weights(), grads, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond);
+    gradient_flow flow{grads, m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr, owners, bucket};
+    net::backward(weights(), g, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond, flow);
   }
-  Backend::sum_squares(grads, P, &r->decision.sum_squares);
+  const double* losses = r->loss;
+  // under zero1 a step that updates keeps the reduced gradients of its own shard only
+  const bool sharded = comm != nullptr && dp_.zero1 && update;
+  if (comm != nullptr) {
+    comm->reduce_wait();
+    if (!sharded) comm->allgather(grads, comm_type_of<grad_type>(), owners, "reduced gradients");
+    Backend::copy(r->global_loss, static_cast<const double*>(r->loss), N);
+    comm->allreduce(r->global_loss, static_cast<std::size_t>(N), "losses");
+    losses = r->global_loss;
+  }
+  const partition sh = shards();
+  const index_t lo = sharded ? sh.begin(dp_.rank()) : 0, n = sharded ? sh.size(dp_.rank()) : P;
+  if (!sharded) {
+    Backend::sum_squares(grads, P, &r->decision.sum_squares);
+  } else if constexpr (executor::host_resident &&
+                       requires(double* out) { Backend::sum_squares_blocks(grads, n, out); }) {
+    // the blocks of every rank added in order: the bits of one process's sum (backend/cpu/reduce.hpp)
+    constexpr index_t block = Backend::sum_squares_block;
+    static_assert(partition{}.align % block == 0, "shards must start on a block of the sum of squares");
+    const partition blocks{(P + block - 1) / block, dp_.size(), partition{}.align / block};
+    block_sums_.assign(static_cast<std::size_t>(blocks.n), 0.0);
+    Backend::sum_squares_blocks(grads + lo, n, block_sums_.data() + lo / block);
+    comm->allgather(block_sums_.data(), comm_type::f64, blocks, "gradient norm");
+    double total = 0.0;
+    for (double s : block_sums_) total += s;
+    r->decision.sum_squares = total;
+  } else {
+    Backend::sum_squares(grads + lo, n, &r->decision.sum_squares);
+    comm->allreduce(&r->decision.sum_squares, 1, "gradient norm");
+  }
   if (update) {
-    Backend::step_control(&c->limits, r->loss, N, &r->decision);
+    Backend::step_control(&c->limits, losses, N, &r->decision);
     // under a mixed policy the update also writes the rounded working copy
     param_type* working = nullptr;
-    if constexpr (policy::has_master) working = working_.device();
+    if constexpr (policy::has_master) working = working_.device() + lo;
     state_type* state[optimizer_state_count];
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
+    value_type* master = master_.device() + lo;
     // an update from finite gradients that would overflow is refused here, before it writes
-    optimizer::template check<Backend>(static_cast<const value_type*>(master_.device()), static_cast<const grad_type*>(grads),
-                                       state, P, &c->optimizer, &r->decision, static_cast<const param_type*>(working));
-    optimizer::template update<Backend>(master_.device(), grads, state, P, &c->optimizer, &r->decision.grad_scale,
+    optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
+                                       state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working));
+    if (sharded) {
+      // each rank checked its shard: every rank skips if one refuses, and names the same value
+      Backend::share_refusal(&r->decision, lo, &r->refusal);
+      comm->allreduce_max(&r->refusal, 1, "update check");
+      Backend::take_refusal(&r->decision, &r->refusal);
+    }
+    optimizer::template update<Backend>(master, grads + lo, state, n, &c->optimizer, &r->decision.grad_scale,
                                         &r->decision.skip, working);
+    if (sharded) {
+      comm->allgather(master_.device(), comm_type_of<value_type>(), sh, "updated weights");
+      if constexpr (policy::has_master)
+        comm->allgather(working_.device(), comm_type_of<param_type>(), sh, "updated working weights");
+    }
     Backend::clear_unless(grads, P, &r->decision.keep);
   }
   control_.end();
@@ -271,18 +365,26 @@ void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool 
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::loss_stats(const step_token_counts& tc, const batch_view& batch) const {
   const results_t& r = control_.host_results();
+  // data parallelism: the sums of every rank (global_loss), the means of every rank's microbatches
+  const double* global = dp_.comm != nullptr ? r.global_loss : r.loss;
   std::vector<double> sums(K, 0.0), means(K, 0.0);
   for (int m = 0; m < microbatches; ++m)
     for (int k = 0; k < K; ++k) {
       const auto ku = static_cast<std::size_t>(k);
-      const double loss = r.loss[m * K + k];
       const double scale = Config::norm == loss_norm::tokens ? 1.0 : 1.0 / microbatches;
-      sums[ku] += loss;
-      means[ku] += loss / static_cast<double>(tc.normaliser(m, k)) * scale;
+      sums[ku] += global[m * K + k];
+      means[ku] += r.loss[m * K + k] / static_cast<double>(tc.normaliser(m, k)) * scale;
     }
   step_stats st;
   detail::fill_stats<K>(st, sums, tc.totals, batch);
-  if constexpr (Config::norm != loss_norm::tokens) detail::apply_mean_of_means<K>(st, means);
+  st.frames *= dp_.size();
+  if constexpr (Config::norm != loss_norm::tokens) {
+    if (dp_.comm != nullptr) {
+      dp_.comm->allreduce_host(means.data(), means.size(), "microbatch means");
+      for (double& v : means) v /= dp_.size();
+    }
+    detail::apply_mean_of_means<K>(st, means);
+  }
   return st;
 }
 
@@ -319,7 +421,7 @@ std::string trainer<Config, Backend>::first_non_finite_gradient() const {
 template <class Config, class Backend>
 void trainer<Config, Backend>::note_memory(index_t arena_used) {
   constexpr auto F = static_cast<index_t>(sizeof(compute_type));
-  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() +
+  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() + micro_grads_.bytes() +
                   static_cast<index_t>((plan_.source.capacity() + plan_.target.capacity()) * sizeof(index_t));
   for (const auto& s : states_) state += s.bytes();
   memory_.allocated = state + pos_used_ * S.dim * F + arena_used + exec_.staged_bytes();
