@@ -25,7 +25,7 @@
 #include <etude/io/checkpoint.hpp>
 
 #include "../data/support.hpp"
-#include "../dist/local_communicator.hpp"
+#include "local_communicator.hpp"
 
 namespace fs = std::filesystem;
 using etude::index_t;
@@ -482,4 +482,151 @@ TEST_CASE("a job killed during distributed saves leaves a usable checkpoint", "[
     saved_before_kill += got[0] >= 100 ? 1 : 0;
   }
   CHECK(saved_before_kill > 0);  // the kills did land among saves, not before the first
+}
+
+// ---- the data-parallel trainer itself (train/trainer.hpp: distribute) ------------------------------
+
+namespace {
+
+using dp_cfg = etude::train_config<lm, etude::accumulate<1>>;
+using dp_trainer = etude::cpu_trainer<dp_cfg>;
+static_assert(dp_trainer::params::total_elements == P);
+
+// 6 examples: 3 per rank of 2, 2 per rank of 3
+etude::token_batch global_batch(long step) {
+  etude::token_batch b(6, shape.codebooks, 12);
+  etude::rng r(2000 + static_cast<std::uint64_t>(step));
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(shape.card));
+  b.mask_at(4, 2, 10) = 0;
+  return b;
+}
+
+etude::token_batch share(const etude::token_batch& b, int rank, int world) {
+  const index_t n = b.batch / world, per = b.codebooks * b.frames;
+  etude::token_batch out(n, b.codebooks, b.frames);
+  std::copy_n(b.tokens.begin() + rank * n * per, n * per, out.tokens.begin());
+  std::copy_n(b.mask.begin() + rank * n * per, n * per, out.mask.begin());
+  return out;
+}
+
+// A whole state, assembled from the ranks' shards.
+struct full_state {
+  long step = -1;
+  std::vector<float> params;
+  std::vector<std::vector<float>> slots;
+  std::mutex mutex;
+
+  void put(const dp_trainer& t) {
+    std::lock_guard lock(mutex);
+    step = t.steps_done();
+    params.assign(t.parameters().begin(), t.parameters().end());
+    slots.resize(dp_trainer::optimizer_state_count, std::vector<float>(static_cast<std::size_t>(P)));
+    const partition p = t.shards();
+    for (int k = 0; k < dp_trainer::optimizer_state_count; ++k)
+      std::copy(t.optimizer_state(k).begin(), t.optimizer_state(k).end(), slots[static_cast<std::size_t>(k)].begin() + p.begin(t.shard_rank()));
+  }
+  // Whether t holds this state: its parameters and its own range of every slot.
+  bool held_by(const dp_trainer& t) const {
+    const partition p = t.shards();
+    const int r = t.shard_rank();
+    bool ok = t.steps_done() == step && same_bits(t.parameters(), params);
+    for (int k = 0; k < dp_trainer::optimizer_state_count; ++k)
+      ok = ok && same_bits(t.optimizer_state(k), std::span<const float>(slots[static_cast<std::size_t>(k)])
+                                                     .subspan(static_cast<std::size_t>(p.begin(r)), static_cast<std::size_t>(p.size(r))));
+    return ok;
+  }
+};
+
+// A data-parallel run of `world` ranks: resumes from `dir` when asked, trains until step `until` on the global batches, saving after step
+// `save_at` (recording the saved state in `saved`); `final` gets the state at the end.
+struct dp_run {
+  int world = 2;
+  bool zero1 = true;
+  bool resume = false;
+  long save_at = -1, until = 0;
+  const full_state* expect = nullptr;
+  full_state* saved = nullptr;
+  full_state* final = nullptr;
+
+  // Per rank: 1 when it resumed and then held `expect`'s state.
+  std::vector<int> operator()(const fs::path& dir) const {
+    std::vector<int> resumed_as_expected(static_cast<std::size_t>(world), 0);
+    etude::test::run_ranks(world, [&](int rank, etude::communicator& c) {
+      dp_trainer t{hyper()};
+      t.distribute({&c, 4096, zero1});
+      etude::io::checkpoint_manager m(dir, {.keep_last = 5}, collect);
+      if (resume) {
+        const auto rs = m.resume(t);
+        resumed_as_expected[static_cast<std::size_t>(rank)] = rs && expect && expect->held_by(t) ? 1 : 0;
+      }
+      while (t.steps_done() < until) {
+        t.step(share(global_batch(t.steps_done()), rank, world));
+        if (t.steps_done() == save_at) {
+          etude::io::run_state rs;
+          rs.world_size = world;
+          m.save(t, rs);
+          if (saved) saved->put(t);
+        }
+      }
+      if (final) final->put(t);
+    });
+    return resumed_as_expected;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("data-parallel trainers: a 2-rank ZeRO-1 save resumes on 2, 3 and 1 ranks; on 2 it continues bit for bit",
+          "[checkpoint][dist]") {
+  etude::test::scratch_dir dir;
+  full_state saved, straight;
+  dp_run{.world = 2, .save_at = 2, .until = 4, .saved = &saved, .final = &straight}(dir.path());
+  REQUIRE(saved.step == 2);
+  REQUIRE(fs::exists(dir / shard(2, 1, 2)));
+
+  SECTION("2 ranks, ZeRO-1: the same shards, and the same continuation") {
+    full_state resumed;
+    const dp_run run{.world = 2, .resume = true, .until = 4, .expect = &saved, .final = &resumed};
+    CHECK(run(dir.path()) == std::vector<int>{1, 1});
+    CHECK(resumed.step == straight.step);
+    CHECK(same_bits(resumed.params, straight.params));
+    for (int k = 0; k < dp_trainer::optimizer_state_count; ++k)
+      CHECK(same_bits(resumed.slots[static_cast<std::size_t>(k)], straight.slots[static_cast<std::size_t>(k)]));
+  }
+  SECTION("3 ranks, ZeRO-1: shards re-cut") {
+    const dp_run run{.world = 3, .resume = true, .until = 3, .expect = &saved};
+    CHECK(run(dir.path()) == std::vector<int>{1, 1, 1});
+  }
+  SECTION("2 ranks without ZeRO-1: every rank the whole state") {
+    const dp_run run{.world = 2, .zero1 = false, .resume = true, .until = 3, .expect = &saved};
+    CHECK(run(dir.path()) == std::vector<int>{1, 1});
+  }
+  SECTION("one process: the plain trainer") {
+    dp_trainer t{hyper()};
+    etude::io::checkpoint_manager m(dir.path(), {}, collect);
+    const auto rs = m.resume(t);
+    REQUIRE(rs);
+    CHECK(rs->world_size == 2);  // the caller's run state, as saved (its loader's concern)
+    CHECK(saved.held_by(t));
+  }
+}
+
+TEST_CASE("data-parallel trainers: a single-process checkpoint resumes on 2 ranks under ZeRO-1 and back", "[checkpoint][dist]") {
+  etude::test::scratch_dir dir;
+  full_state saved;
+  {
+    dp_trainer t{hyper()};
+    for (long s = 0; s < 2; ++s) t.step(global_batch(s));
+    etude::io::checkpoint_manager m(dir.path(), {}, collect);
+    m.save(t, {});
+    saved.put(t);
+  }
+  full_state after;
+  const dp_run run{.world = 2, .resume = true, .save_at = 3, .until = 3, .expect = &saved, .saved = &after};
+  CHECK(run(dir.path()) == std::vector<int>{1, 1});
+  // and the 2-rank run's step-3 checkpoint back in one process
+  dp_trainer t{hyper()};
+  etude::io::checkpoint_manager m(dir.path(), {}, collect);
+  REQUIRE(m.resume(t));
+  CHECK(after.held_by(t));
 }
