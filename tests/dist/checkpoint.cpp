@@ -74,8 +74,10 @@ void collect(const std::string& m) {
 // the trainer's distribute() gives (parallel(), shards(), shard_rank(), optimizer_state as this
 // rank's shard, restore taking it). Every rank views a trainer in the same state, as the ranks of
 // a data-parallel run hold the same parameters; under ZeRO-1 each shows only its range of the
-// optimiser state, and restoring puts only that range back. (Catch2's assertions are not for
-// threads: ranks report through exceptions and vectors the test checks afterwards.)
+// optimiser state, and restoring puts only that range back. It lets a test save one known state
+// from any number of ranks, renumber its step or poison it, and save from a forked child without
+// running a step there; the tests at the end run the data-parallel trainer itself. (Catch2's
+// assertions are not for threads: ranks report through exceptions and vectors checked afterwards.)
 template <class Inner>
 class rank_view {
  public:
