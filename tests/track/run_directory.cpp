@@ -84,21 +84,25 @@ TEST_CASE("--fresh removes what etude wrote, and nothing else", "[run_directory]
   for (const char* f : {"run.json", "metrics.jsonl", "tensorboard/events.out.tfevents.1700000000.host",
                         "checkpoints/ckpt-000000010.safetensors", "checkpoints/latest",
                         "checkpoints/rejected/ckpt-000000012.safetensors",
-                        "checkpoints/rejected/ckpt-000000012.safetensors.1"})
+                        "checkpoints/rejected/ckpt-000000012.safetensors.1",
+                        "checkpoints/ckpt-000000010.shard-1-of-2.safetensors",
+                        "checkpoints/rejected/ckpt-000000012.shard-0-of-2.safetensors"})
     touch(run / f);
   // the user's own files, some named almost like etude's
   for (const char* f : {"notes.txt", "metrics.jsonl.bak", "checkpoints/ckpt-best.safetensors",
+                        "checkpoints/ckpt-000000010.shard-a.safetensors",
                         "checkpoints/rejected/why.txt", "tensorboard/my-plot.png", "samples/keep.mid"})
     touch(run / f);
   notices.clear();
   run_directory r(run, quiet(true));
-  CHECK(r.removed().size() == 7);
+  CHECK(r.removed().size() == 9);
   CHECK(tree(run) == std::set<std::string>{".etude-run", "checkpoints", "checkpoints/ckpt-best.safetensors",
+                                           "checkpoints/ckpt-000000010.shard-a.safetensors",
                                            "checkpoints/rejected", "checkpoints/rejected/why.txt", "metrics.jsonl.bak",
                                            "notes.txt", "samples", "samples/keep.mid", "tensorboard",
                                            "tensorboard/my-plot.png"});
   REQUIRE(!notices.empty());
-  CHECK_THAT(notices.back(), Catch::Contains("removed 7 files etude wrote"));
+  CHECK_THAT(notices.back(), Catch::Contains("removed 9 files etude wrote"));
 }
 
 TEST_CASE("a run written before the lock existed is still recognised as etude's", "[run_directory]") {

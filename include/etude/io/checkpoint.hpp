@@ -17,6 +17,22 @@
 // M-th step as a milestone and the best by validation loss, and never deletes the only good
 // checkpoint. Saves may run on a background thread: the step blocks only while the snapshot is
 // copied.
+//
+// Data-parallel runs (a trainer with a communicator, train/communicator.hpp): save and resume are
+// collectives every rank calls, over a directory every rank sees (a shared filesystem). Without
+// ZeRO-1 every rank holds the whole state and rank 0 writes the ordinary file. Under ZeRO-1 each
+// rank r writes its optimiser shard `ckpt-<step>.shard-<r>-of-<W>.safetensors` (`optim.<slot>`,
+// flat over the rank's range of the partition, with its own self-digest), the digests are gathered
+// to rank 0, and rank 0 writes the main file LAST: the parameters and a state (format 3) whose
+// "parallel" entry lists the partition, the shard files and their digests. The main file is the
+// commit: shards without it are never taken (retention deletes them), and a main file whose shards
+// are missing or differ from their digests is unusable like a corrupt file. A killed job therefore
+// leaves the previous checkpoint as it was. Resuming works at any world size and in either
+// direction: each rank assembles its own range of the optimiser state from whatever layout the
+// checkpoint has (per-tensor state or shards, several of them overlapping the range partially);
+// rank 0 proposes each candidate, every rank checks what it needs, and they take or reject it
+// together. A distributed save is synchronous (save_async saves at once); the single-process save
+// may run in the background.
 // Not for: the run directory around the checkpoints (lock, logs, cleanup: track/run_directory.hpp);
 // weights exchanged with other tools (save_weights/load_weights below write and strictly read plain
 // safetensors with table names; io/hf_names.hpp maps them to Hugging Face's layout).
@@ -50,6 +66,7 @@
 #include "etude/core/detail/xxhash64.hpp"
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
+#include "etude/train/communicator.hpp"
 #include "etude/track/config_record.hpp"
 #include "etude/version.hpp"
 
@@ -111,8 +128,11 @@ json describe_run(const Trainer& t) {
 
 namespace detail {
 
-inline constexpr int checkpoint_format = 2;
+// 2: one file; 3: a main file whose optimiser state is in shard files (written only then).
+inline constexpr int checkpoint_format = 3;
+inline constexpr int single_file_format = 2;
 inline constexpr const char* checksum_key = "etude.checksum";
+inline constexpr const char* shard_key = "etude.shard";
 
 inline std::string checkpoint_name(long step) {
   char name[64];
@@ -131,8 +151,65 @@ inline std::optional<long> step_of(const std::filesystem::path& p) {
   return step;
 }
 
-// The files a checkpoint directory's writers make: checkpoints and the `latest` pointer.
-inline bool is_checkpoint_file(const std::string& name) { return name == "latest" || step_of(name).has_value(); }
+inline std::string shard_name(long step, int rank, int world_size) {
+  char name[96];
+  std::snprintf(name, sizeof name, "ckpt-%09ld.shard-%d-of-%d.safetensors", step, rank, world_size);
+  return name;
+}
+
+// The step of a shard file's name (ckpt-<step>.shard-<r>-of-<W>.safetensors), exactly as
+// shard_name writes it.
+inline std::optional<long> shard_step_of(const std::filesystem::path& p) {
+  const std::string n = p.filename().string();
+  if (n.size() < 14 + 7 || n.rfind("ckpt-", 0) != 0 || n.compare(14, 7, ".shard-") != 0) return std::nullopt;
+  const auto step = step_of(n.substr(0, 14) + ".safetensors");
+  if (!step) return std::nullopt;
+  int r = -1, w = 0;
+  if (std::sscanf(n.c_str() + 21, "%d-of-%d", &r, &w) != 2 || r < 0 || r >= w) return std::nullopt;
+  if (shard_name(*step, r, w) != n) return std::nullopt;
+  return step;
+}
+
+// The files a checkpoint directory's writers make: checkpoints, their shards and the `latest` pointer.
+inline bool is_checkpoint_file(const std::string& name) {
+  return name == "latest" || step_of(name).has_value() || shard_step_of(name).has_value();
+}
+
+// What checkpoints ask of a data-parallel trainer (train/trainer.hpp: distribute). A trainer
+// without these members is one process holding the whole state.
+template <class Trainer>
+concept parallel_trainer = requires(const Trainer& t) {
+  { t.parallel() } -> std::convertible_to<const data_parallel&>;
+  { t.shards() } -> std::convertible_to<partition>;
+  { t.shard_rank() } -> std::convertible_to<int>;
+};
+
+template <class Trainer>
+data_parallel parallel_of(const Trainer& t) {
+  if constexpr (parallel_trainer<Trainer>) return t.parallel();
+  else return {};
+}
+
+// The split of the optimiser state the trainer holds a piece of, and which piece.
+template <class Trainer>
+partition shards_of(const Trainer& t) {
+  if constexpr (parallel_trainer<Trainer>) return t.shards();
+  else return partition{Trainer::params::total_elements, 1};
+}
+
+template <class Trainer>
+int shard_rank_of(const Trainer& t) {
+  if constexpr (parallel_trainer<Trainer>) return t.shard_rank();
+  else return 0;
+}
+
+// The parameter that flat element `at` belongs to, for messages ("padding" between tensors).
+template <class Params>
+std::string element_name(index_t at) {
+  for (const param_desc& p : Params::entries)
+    if (at >= p.offset && at < p.offset + p.numel()) return param_name(p) + " (element " + std::to_string(at - p.offset) + ")";
+  return "the padding after a tensor (flat element " + std::to_string(at) + ")";
+}
 
 template <class Trainer>
 const char* slot_name(int slot) {
@@ -170,15 +247,18 @@ struct checkpoint_snapshot {
 };
 
 // Copies the trainer's state. A state that is not finite is never saved: it would become the
-// checkpoint every resume falls back to and fails on; the error names the tensor.
+// checkpoint every resume falls back to and fails on; the error names the tensor. A trainer that
+// holds only a shard of the optimiser state (ZeRO-1) gives the parameters and the run state here,
+// and its shard through take_shard_snapshot.
 template <class Trainer>
 checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   using params = typename Trainer::params;
   checkpoint_snapshot s;
   s.step = t.steps_done();
-  const int slots = Trainer::optimizer_state_count;
+  const bool whole_state = detail::shards_of(t).ranks <= 1;
+  const int slots = whole_state ? Trainer::optimizer_state_count : 0;
   s.slots.resize(static_cast<std::size_t>(slots));
-  for (int k = 0; k < slots; ++k) s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
+  for (int k = 0; k < Trainer::optimizer_state_count; ++k) s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
   auto refuse = [&](const std::string& tensor, std::size_t at) {
     return non_finite("step " + std::to_string(s.step) + ": no checkpoint written: " + tensor + " holds a non-finite " +
                       "value at index " + std::to_string(at) + "; the training state has diverged (resume from an " +
@@ -201,7 +281,7 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   }
   json st = describe_run(t);
   st["format"] = "etude.checkpoint";
-  st["format_version"] = detail::checkpoint_format;
+  st["format_version"] = detail::single_file_format;  // save_parallel raises it for a sharded commit
   st["step"] = s.step;
   st["signature"] = track::signature(st["config"]);
   st["data"] = rs.data;
@@ -217,6 +297,111 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   s.state = std::move(st);
   return s;
 }
+
+// One rank's piece of the optimiser state under ZeRO-1: flat over [part.begin(rank), part.end(rank)).
+struct shard_snapshot {
+  long step = 0;
+  int rank = 0;
+  partition part;
+  std::vector<std::string> slot_names;
+  std::vector<std::vector<float>> slots;  // [slot] (part.size(rank))
+  std::string signature;                  // the configuration's, as the main file's state has it
+};
+
+// Copies this rank's shard of the optimiser state (refusing a non-finite value, named by tensor).
+template <class Trainer>
+shard_snapshot take_shard_snapshot(const Trainer& t) {
+  shard_snapshot s;
+  s.step = t.steps_done();
+  s.rank = detail::shard_rank_of(t);
+  s.part = detail::shards_of(t);
+  s.signature = track::signature(describe_run(t)["config"]);
+  const auto n = static_cast<std::size_t>(s.part.size(s.rank));
+  for (int k = 0; k < Trainer::optimizer_state_count; ++k) {
+    s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
+    const auto st = t.optimizer_state(k);
+    if (st.size() != n)
+      throw invalid_argument("take_shard_snapshot: optimiser state " + s.slot_names.back() + " holds " +
+                             std::to_string(st.size()) + " values, the trainer's shard " + std::to_string(s.rank) + " of " +
+                             std::to_string(s.part.ranks) + " is " + std::to_string(n));
+    auto& out = s.slots.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = etude::convert<float>(st[i]);
+    if (const auto bad = detail::first_non_finite(std::span<const float>(out)))
+      throw non_finite("step " + std::to_string(s.step) + ": no checkpoint written: optimiser state " + s.slot_names.back() +
+                       " of " + detail::element_name<typename Trainer::params>(s.part.begin(s.rank) + static_cast<index_t>(*bad)) +
+                       " holds a non-finite value on rank " + std::to_string(s.rank) +
+                       "; the training state has diverged (resume from an earlier checkpoint with a lower learning rate)");
+  }
+  return s;
+}
+
+// Writes a shard atomically (with its self-digest); returns the digest, which the main file records.
+inline std::string write_shard(const shard_snapshot& s, const std::filesystem::path& file) {
+  safetensors_writer w;
+  for (std::size_t k = 0; k < s.slots.size(); ++k)
+    w.add("optim." + s.slot_names[k], s.slots[k], {static_cast<std::uint64_t>(s.slots[k].size())});
+  const json meta{{"format", "etude.checkpoint.shard"}, {"format_version", 1}, {"step", s.step},
+                  {"rank", s.rank}, {"world_size", s.part.ranks}, {"begin", s.part.begin(s.rank)},
+                  {"end", s.part.end(s.rank)}, {"total", s.part.n}, {"align", s.part.align},
+                  {"signature", s.signature}, {"etude_version", version_string}};
+  w.metadata(detail::shard_key, meta.dump());
+  w.write_digested(file, detail::checksum_key);
+  // the digest as written: read back from the committed file's header
+  return safetensors_file(file).metadata().at(detail::checksum_key);
+}
+
+// An opened shard file of checkpoint `main`, checked against what the main file recorded of it:
+// its self-digest, the digest the commit stored, and the step, rank, range and configuration.
+class checkpoint_shard {
+ public:
+  checkpoint_shard(const std::filesystem::path& file, const std::string& digest, long step, int rank, int world_size,
+                   index_t begin, index_t end, index_t total, const std::string& signature) try : st_(file) {
+    const std::string where = file.string();
+    const auto& meta = st_.metadata();
+    const auto sum = meta.find(detail::checksum_key);
+    const auto info = meta.find(detail::shard_key);
+    if (sum == meta.end() || info == meta.end())
+      throw checkpoint_error(where + ": not an etude checkpoint shard (no etude.shard / etude.checksum metadata)");
+    if (!st_.digest_matches(detail::checksum_key))
+      throw checkpoint_error(where + ": checksum mismatch: the shard is corrupt");
+    if (sum->second != digest)
+      throw checkpoint_error(where + ": digest " + sum->second + " is not the " + digest +
+                             " its checkpoint recorded: the shard belongs to another save");
+    const json m = json::parse(info->second);
+    const json want{{"format", "etude.checkpoint.shard"}, {"step", step}, {"rank", rank}, {"world_size", world_size},
+                    {"begin", begin}, {"end", end}, {"total", total}, {"signature", signature}};
+    for (const auto& [k, v] : want.items())
+      if (m.value(k, json(nullptr)) != v)
+        throw checkpoint_error(where + ": etude.shard says " + k + " " + m.value(k, json(nullptr)).dump() +
+                               ", its checkpoint expects " + v.dump());
+    begin_ = begin;
+    end_ = end;
+  } catch (const checkpoint_error&) {
+    throw;
+  } catch (const error& e) {
+    throw checkpoint_error(std::string(e.what()));
+  } catch (const json::exception& e) {
+    throw checkpoint_error(file.string() + ": unreadable etude.shard: " + e.what());
+  }
+
+  index_t begin() const { return begin_; }
+  index_t end() const { return end_; }
+  // Slot `name` over [begin(), end()).
+  std::span<const float> slot(const std::string& name) const {
+    const std::string key = "optim." + name;
+    if (!st_.contains(key)) throw checkpoint_error(st_.path().string() + ": tensor " + key + " is missing");
+    const auto v = st_.as<float>(key);
+    if (static_cast<index_t>(v.size()) != end_ - begin_)
+      throw checkpoint_error(st_.path().string() + ": tensor " + key + " has " + std::to_string(v.size()) +
+                             " values, its range [" + std::to_string(begin_) + ", " + std::to_string(end_) + ") needs " +
+                             std::to_string(end_ - begin_));
+    return v;
+  }
+
+ private:
+  safetensors_file st_;
+  index_t begin_ = 0, end_ = 0;
+};
 
 namespace detail {
 // A writer holding a snapshot's tensors under their checkpoint names (model.<name>,
@@ -293,6 +478,147 @@ class checkpoint_file {
   json state_;
 };
 
+// Where each tensor of the flat optimiser state lies (parameter-table order).
+struct tensor_place {
+  std::string name;
+  index_t offset = 0, numel = 0;
+};
+
+template <class Params>
+std::vector<tensor_place> places_of() {
+  std::vector<tensor_place> out;
+  for (const param_desc& p : Params::entries) out.push_back({param_name(p), p.offset, p.numel()});
+  return out;
+}
+
+// One shard file a sharded checkpoint's commit lists.
+struct shard_entry {
+  std::string file;  // in the checkpoint's directory
+  std::string digest;
+  index_t begin = 0, end = 0;
+};
+
+// The shard files a checkpoint's state lists (empty: its optimiser state is in the file itself),
+// checked to cover [0, total) in rank order with the names shard_name gives.
+inline std::vector<shard_entry> shard_entries(const checkpoint_file& c, index_t total) {
+  const std::string where = c.path().string();
+  const json par = c.state().value("parallel", json(nullptr));
+  if (!par.is_object() || !par.contains("shards")) return {};
+  try {
+    const json& list = par.at("shards");
+    const int world = par.at("world_size").get<int>();
+    if (!list.is_array() || static_cast<int>(list.size()) != world || world < 1)
+      throw checkpoint_error(where + ": etude.state: parallel.shards must list world_size (" + std::to_string(world) +
+                             ") shard files");
+    if (par.at("partition").at("n").get<index_t>() != total)
+      throw checkpoint_error(where + ": its shards cover " + par.at("partition").at("n").dump() +
+                             " optimiser elements, the model has " + std::to_string(total));
+    std::vector<shard_entry> out;
+    index_t at = 0;
+    for (int r = 0; r < world; ++r) {
+      const json& e = list[static_cast<std::size_t>(r)];
+      shard_entry s{e.at("file").get<std::string>(), e.at("digest").get<std::string>(), e.at("begin").get<index_t>(),
+                    e.at("end").get<index_t>()};
+      if (s.file != detail::shard_name(c.step(), r, world))  // a plain name in this directory, nothing else
+        throw checkpoint_error(where + ": etude.state: shard " + std::to_string(r) + " is named \"" + s.file +
+                               "\", not " + detail::shard_name(c.step(), r, world));
+      if (s.begin != at || s.end < s.begin || s.end > total)
+        throw checkpoint_error(where + ": etude.state: shard " + std::to_string(r) + " covers [" + std::to_string(s.begin) +
+                               ", " + std::to_string(s.end) + "), which does not continue the shards before it at " +
+                               std::to_string(at) + " within " + std::to_string(total));
+      at = s.end;
+      out.push_back(std::move(s));
+    }
+    if (at != total)
+      throw checkpoint_error(where + ": etude.state: the shards end at " + std::to_string(at) + " of " + std::to_string(total));
+    return out;
+  } catch (const json::exception& e) {
+    throw checkpoint_error(where + ": etude.state: unreadable parallel entry: " + e.what());
+  }
+}
+
+inline checkpoint_shard open_shard(const checkpoint_file& c, const shard_entry& e, int rank, int world, index_t total) {
+  const auto file = c.path().parent_path() / e.file;
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec))
+    throw checkpoint_error(c.path().string() + ": its optimiser shard " + e.file +
+                           " is missing; the checkpoint is incomplete");
+  try {
+    return checkpoint_shard(file, e.digest, c.step(), rank, world, e.begin, e.end, total,
+                            c.state().value("signature", std::string()));
+  } catch (const checkpoint_error& err) {
+    throw checkpoint_error(c.path().string() + ": optimiser shard " + e.file + " is unusable: " + err.what());
+  }
+}
+
+// Elements [begin, end) of each optimiser slot in `slots` of checkpoint `c`, from whatever layout
+// it has: its per-tensor optim.<slot>.<name> tensors (a single-process save, or a data-parallel
+// one without ZeRO-1), or the shard files its commit lists, each opened, verified against its
+// recorded digest and read only where it overlaps [begin, end) (shards that do not overlap are not
+// opened). Flat elements no tensor covers (the padding between tensors) are 0. Every value read
+// must be finite. Throws checkpoint_error naming the file and tensor.
+inline std::vector<std::vector<float>> read_optimizer_range(const checkpoint_file& c, const std::vector<tensor_place>& places,
+                                                           index_t total, const std::vector<std::string>& slots,
+                                                           index_t begin, index_t end) {
+  const std::string where = c.path().string();
+  if (begin < 0 || end < begin || end > total)
+    throw invalid_argument("read_optimizer_range: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           ") is not within the " + std::to_string(total) + " optimiser elements");
+  std::vector<std::vector<float>> out(slots.size(), std::vector<float>(static_cast<std::size_t>(end - begin), 0.0f));
+  auto finite = [&](std::span<const float> v, const std::string& tensor, index_t first) {
+    if (const auto bad = detail::first_non_finite(v))
+      throw checkpoint_error(where + ": " + tensor + " holds a non-finite value at index " +
+                             std::to_string(first + static_cast<index_t>(*bad)) + "; this checkpoint cannot continue a run");
+  };
+  const auto shards = shard_entries(c, total);
+  if (shards.empty()) {
+    for (const tensor_place& p : places) {
+      const index_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      for (std::size_t k = 0; k < slots.size(); ++k) {
+        const std::string key = "optim." + slots[k] + "." + p.name;
+        if (!c.tensors().contains(key)) throw checkpoint_error(where + ": tensor " + key + " is missing");
+        const auto values = c.tensors().template as<float>(key);
+        if (static_cast<index_t>(values.size()) != p.numel)
+          throw checkpoint_error(where + ": tensor " + key + " has " + std::to_string(values.size()) +
+                                 " values, the model needs " + std::to_string(p.numel));
+        const auto piece = values.subspan(static_cast<std::size_t>(lo - p.offset), static_cast<std::size_t>(hi - lo));
+        finite(piece, "tensor " + key, lo - p.offset);
+        std::copy(piece.begin(), piece.end(), out[k].begin() + (lo - begin));
+      }
+    }
+    return out;
+  }
+  const int world = static_cast<int>(shards.size());
+  for (int r = 0; r < world; ++r) {
+    const shard_entry& e = shards[static_cast<std::size_t>(r)];
+    const index_t lo = std::max(begin, e.begin), hi = std::min(end, e.end);
+    if (lo >= hi) continue;
+    const checkpoint_shard sh = open_shard(c, e, r, world, total);
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      const auto piece = sh.slot(slots[k]).subspan(static_cast<std::size_t>(lo - e.begin), static_cast<std::size_t>(hi - lo));
+      finite(piece, "shard " + e.file + " tensor optim." + slots[k], lo - e.begin);
+      std::copy(piece.begin(), piece.end(), out[k].begin() + (lo - begin));
+    }
+  }
+  return out;
+}
+
+// Opens and verifies every shard file checkpoint `c` lists (none for a single-file checkpoint).
+inline void verify_shards(const checkpoint_file& c) {
+  const json par = c.state().value("parallel", json(nullptr));
+  if (!par.is_object() || !par.contains("shards")) return;
+  index_t total = 0;
+  try {
+    total = par.at("partition").at("n").get<index_t>();
+  } catch (const json::exception& e) {
+    throw checkpoint_error(c.path().string() + ": etude.state: unreadable parallel entry: " + e.what());
+  }
+  const auto shards = shard_entries(c, total);
+  const int world = static_cast<int>(shards.size());
+  for (int r = 0; r < world; ++r) (void)open_shard(c, shards[static_cast<std::size_t>(r)], r, world, total);
+}
+
 // A checkpoint's content, read and checked, not yet put into a trainer.
 struct staged_checkpoint {
   long step = 0;
@@ -331,8 +657,6 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
   const int slots = Trainer::optimizer_state_count;
   const auto n = static_cast<std::size_t>(params::total_elements);
   s.params.assign(n, 0.0f);
-  s.state1.assign(n, 0.0f);
-  s.state2.assign(slots > 1 ? n : 0, 0.0f);
   try {
     for (const param_desc& d : params::entries) {
       const std::string name = param_name(d);
@@ -348,9 +672,16 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
         std::copy(values.begin(), values.end(), into.begin() + d.offset);
       };
       put(s.params, "model." + name);
-      put(s.state1, std::string("optim.") + detail::slot_name<Trainer>(0) + "." + name);
-      if (slots > 1) put(s.state2, std::string("optim.") + detail::slot_name<Trainer>(1) + "." + name);
     }
+    // this trainer's range of the optimiser state (the whole, but for a ZeRO-1 rank), re-cut from
+    // whatever layout the checkpoint was saved in
+    const partition part = detail::shards_of(t);
+    const int rank = detail::shard_rank_of(t);
+    std::vector<std::string> names;
+    for (int k = 0; k < slots; ++k) names.emplace_back(detail::slot_name<Trainer>(k));
+    auto state = read_optimizer_range(c, places_of<params>(), params::total_elements, names, part.begin(rank), part.end(rank));
+    if (slots > 0) s.state1 = std::move(state[0]);
+    if (slots > 1) s.state2 = std::move(state[1]);
     const json& st = c.state();
     if (const auto ls = st.value("loss_scale", json(nullptr)); ls.is_object()) {
       const double scale = ls.value("scale", 1.0);
@@ -415,6 +746,62 @@ struct rejected_checkpoint {
   std::string reason;
 };
 
+namespace detail {
+
+inline std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+// Root's string on every rank.
+inline std::string broadcast_text(communicator& comm, std::string text, int root, const char* what) {
+  std::int64_t n = static_cast<std::int64_t>(text.size());
+  comm.broadcast_host(&n, sizeof n, root, what);
+  text.resize(static_cast<std::size_t>(n));
+  if (n > 0) comm.broadcast_host(text.data(), static_cast<std::size_t>(n), root, what);
+  return text;
+}
+
+// The outcome of one step of a collective save or resume, agreed by every rank: the largest code
+// any rank reported (0: success) and the message of the first rank that reported it.
+struct agreed_outcome {
+  int code = 0;
+  int rank = -1;
+  std::string message;
+};
+
+inline agreed_outcome agree(communicator& comm, int code, const std::string& message, const char* what) {
+  const int world = comm.size();
+  std::vector<std::int64_t> codes(static_cast<std::size_t>(world));
+  const std::int64_t mine = code;
+  comm.allgather_host(&mine, codes.data(), sizeof mine, what);
+  agreed_outcome out;
+  for (int r = 0; r < world; ++r)
+    if (codes[static_cast<std::size_t>(r)] > out.code) {
+      out.code = static_cast<int>(codes[static_cast<std::size_t>(r)]);
+      out.rank = r;
+    }
+  if (out.code != 0) out.message = broadcast_text(comm, comm.rank() == out.rank ? message : std::string(), out.rank, what);
+  return out;
+}
+
+// Returns when every rank succeeded; otherwise every rank throws: one that failed its own error,
+// the others a checkpoint_error naming the rank that failed and its message.
+inline void all_succeed(communicator& comm, const std::exception_ptr& failed, const char* what) {
+  const agreed_outcome out = agree(comm, failed ? 1 : 0, failed ? message_of(failed) : std::string(), what);
+  if (out.code == 0) return;
+  if (failed) std::rethrow_exception(failed);
+  throw checkpoint_error(std::string(what) + ": rank " + std::to_string(out.rank) + " of " + std::to_string(comm.size()) +
+                         " failed: " + out.message);
+}
+
+}  // namespace detail
+
 // Saves and finds the checkpoints of one run directory.
 class checkpoint_manager {
  public:
@@ -434,17 +821,25 @@ class checkpoint_manager {
     }
   }
 
-  // Synchronous save; returns the file written.
+  // Synchronous save; returns the checkpoint's (main) file. With a data-parallel trainer it is a
+  // collective: every rank calls it, and it returns on every rank once the checkpoint is committed,
+  // or throws on every rank (a rank that failed its own error, the others one naming it).
   template <class Trainer>
   std::filesystem::path save(const Trainer& t, const run_state& rs) {
     wait();
+    if (communicator* comm = detail::parallel_of(t).comm) return save_parallel(t, rs, *comm);
     return commit(take_snapshot(t, rs));
   }
 
   // Copies the state now and writes it on a background thread. At most one save is in flight:
-  // a second call first waits for the previous one, and rethrows its error if it failed.
+  // a second call first waits for the previous one, and rethrows its error if it failed. A
+  // data-parallel trainer saves synchronously (save()): its ranks must meet to commit.
   template <class Trainer>
   void save_async(const Trainer& t, const run_state& rs) {
+    if (detail::parallel_of(t).comm != nullptr) {
+      (void)save(t, rs);
+      return;
+    }
     wait();
     auto snap = std::make_shared<checkpoint_snapshot>(take_snapshot(t, rs));
     done_ = false;
@@ -475,7 +870,9 @@ class checkpoint_manager {
   std::optional<checkpoint_file> latest() const {
     for (const auto& [step, file] : listing()) {
       try {
-        return checkpoint_file(file);
+        checkpoint_file c(file);
+        verify_shards(c);
+        return c;
       } catch (const error& e) {
         warn_(std::string("skipping unusable checkpoint: ") + e.what());
       }
@@ -491,8 +888,15 @@ class checkpoint_manager {
   // each file and why, and changes nothing — unless o.discard_unusable, which moves them all to
   // rejected/ and returns nullopt. A checkpoint_mismatch (another configuration or other data)
   // is thrown at once: it is a different run, not a damaged one.
+  //
+  // With a data-parallel trainer it is a collective: rank 0 lists the checkpoints and proposes
+  // them newest first, every rank checks what it needs (the main file, the shards overlapping its
+  // range), and all take the first one every rank could stage, or reject it together with the
+  // first failing rank's reason (rejected() is the same on every rank). The trainer may have any
+  // world size and ZeRO-1 or not, whatever the checkpoint was saved from.
   template <class Trainer>
   std::optional<run_state> resume(Trainer& t, const resume_options& o = {}) {
+    if (communicator* comm = detail::parallel_of(t).comm) return resume_parallel(t, o, *comm);
     rejected_.clear();
     for (const auto& [step, file] : listing()) {
       try {
@@ -532,6 +936,124 @@ class checkpoint_manager {
   const std::filesystem::path& directory() const { return dir_; }
 
  private:
+  template <class Trainer>
+  std::filesystem::path save_parallel(const Trainer& t, const run_state& rs, communicator& comm) {
+    const int rank = comm.rank(), world = comm.size();
+    const partition part = detail::shards_of(t);
+    const long step = t.steps_done();
+    const auto main = dir_ / detail::checkpoint_name(step);
+    const std::string at = "checkpoint save (step " + std::to_string(step) + ")";
+    std::exception_ptr failed;
+    if (part.ranks <= 1) {  // every rank holds the whole state: rank 0 writes the ordinary file
+      if (rank == 0) try {
+          checkpoint_snapshot s = take_snapshot(t, rs);
+          s.state["parallel"] = {{"world_size", world}, {"zero1", false}};
+          commit(s);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      detail::all_succeed(comm, failed, at.c_str());
+      return main;
+    }
+    if (part.ranks != world)
+      throw invalid_argument("checkpoint_manager::save: the trainer's optimiser shards are cut for " +
+                             std::to_string(part.ranks) + " ranks, its communicator has " + std::to_string(world));
+    // 1. every rank writes its shard; 2. the digests meet on rank 0; 3. rank 0 commits
+    char digest[17] = {};
+    try {
+      const std::string d = write_shard(take_shard_snapshot(t), dir_ / detail::shard_name(step, rank, world));
+      std::snprintf(digest, sizeof digest, "%s", d.c_str());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    detail::all_succeed(comm, failed, (at + ": shards").c_str());
+    std::vector<char> digests(17 * static_cast<std::size_t>(world));
+    comm.allgather_host(digest, digests.data(), 17, (at + ": shard digests").c_str());
+    if (rank == 0) try {
+        checkpoint_snapshot s = take_snapshot(t, rs);
+        json shards = json::array();
+        for (int r = 0; r < world; ++r)
+          shards.push_back({{"file", detail::shard_name(step, r, world)},
+                            {"digest", std::string(digests.data() + 17 * static_cast<std::size_t>(r))},
+                            {"begin", part.begin(r)}, {"end", part.end(r)}});
+        s.state["format_version"] = detail::checkpoint_format;
+        s.state["parallel"] = {{"world_size", world}, {"zero1", true},
+                               {"partition", {{"n", part.n}, {"ranks", part.ranks}, {"align", part.align}}},
+                               {"shards", std::move(shards)}};
+        commit(s);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    detail::all_succeed(comm, failed, (at + ": commit").c_str());
+    return main;
+  }
+
+  template <class Trainer>
+  std::optional<run_state> resume_parallel(Trainer& t, const resume_options& o, communicator& comm) {
+    const int rank = comm.rank(), world = comm.size();
+    rejected_.clear();
+    // rank 0's listing, so every rank considers the same candidates in the same order
+    std::vector<std::int64_t> steps;
+    if (rank == 0)
+      for (const auto& [step, file] : listing()) steps.push_back(step);
+    std::int64_t count = static_cast<std::int64_t>(steps.size());
+    comm.broadcast_host(&count, sizeof count, 0, "checkpoint resume: candidates");
+    steps.resize(static_cast<std::size_t>(count));
+    if (count > 0) comm.broadcast_host(steps.data(), steps.size() * sizeof(std::int64_t), 0, "checkpoint resume: candidates");
+    auto quiet_reject = [&](const std::filesystem::path& file, std::string reason) {
+      if (rank == 0) warn_("skipping unusable checkpoint: " + reason);
+      rejected_.push_back({file, std::move(reason)});
+    };
+    for (const std::int64_t step : steps) {
+      const auto file = dir_ / detail::checkpoint_name(step);
+      std::optional<staged_checkpoint> staged;
+      int code = 0;
+      std::string why;
+      try {
+        const checkpoint_file c(file);
+        staged = stage_restore(t, c, o.data);
+        if (o.check) o.check(staged->state);
+      } catch (const checkpoint_mismatch& e) {
+        code = 2;
+        why = e.what();
+      } catch (const error& e) {
+        code = 1;
+        why = e.what();
+      } catch (const json::exception& e) {
+        code = 1;
+        why = file.string() + ": " + e.what();
+      }
+      const detail::agreed_outcome out = detail::agree(comm, code, why, "checkpoint resume: verify");
+      const std::string reason = "rank " + std::to_string(out.rank) + " of " + std::to_string(world) + ": " + out.message;
+      if (out.code == 2) throw checkpoint_mismatch(world > 1 ? reason : out.message);
+      if (out.code == 1) {
+        quiet_reject(file, world > 1 ? reason : out.message);
+        continue;
+      }
+      run_state rs = apply_restore(t, std::move(*staged));
+      if (!rejected_.empty() && rank == 0) {
+        warn_("resuming from " + file.string() + ", the newest checkpoint that verifies and restores on every rank");
+        set_aside(rejected_);
+      }
+      comm.barrier("checkpoint resume: restored");  // nobody saves before the rejected files are aside
+      return rs;
+    }
+    if (rejected_.empty()) return std::nullopt;
+    if (!o.discard_unusable) {
+      std::string msg = dir_.string() + ": none of its " + std::to_string(rejected_.size()) +
+                        " checkpoints can be resumed, and starting over was not asked for; nothing was changed:";
+      for (const auto& r : rejected_) msg += "\n  " + r.reason;
+      throw no_usable_checkpoint(msg + "\n(inspect them, or start over from step 0: resume_options::discard_unusable "
+                                       "moves them to " + (dir_ / "rejected").string() + ")");
+    }
+    if (rank == 0) {
+      set_aside(rejected_);
+      warn_("starting over from step 0: no checkpoint could be resumed");
+    }
+    comm.barrier("checkpoint resume: set aside");
+    return std::nullopt;
+  }
+
   std::filesystem::path commit(const checkpoint_snapshot& s) {
     const auto file = dir_ / detail::checkpoint_name(s.step);
     write_snapshot(s, file);
@@ -545,18 +1067,33 @@ class checkpoint_manager {
     rejected_.push_back({file, std::move(reason)});
   }
 
-  // Moves rejected checkpoints to rejected/ (numbered if a file of that name is there already).
+  // Moves rejected checkpoints, and the shard files of their steps, to rejected/ (numbered if a
+  // file of that name is there already).
   void set_aside(const std::vector<rejected_checkpoint>& files) {
     const auto aside = dir_ / "rejected";
     std::error_code ec;
     std::filesystem::create_directories(aside, ec);
+    auto move = [&](const std::filesystem::path& file) {
+      auto to = aside / file.filename();
+      for (int i = 1; std::filesystem::exists(to, ec); ++i) to = aside / (file.filename().string() + "." + std::to_string(i));
+      std::filesystem::rename(file, to, ec);
+      if (ec) warn_("could not move unusable checkpoint " + file.string() + " aside: " + ec.message());
+      else warn_("moved unusable checkpoint " + file.string() + " to " + to.string());
+    };
     for (const auto& r : files) {
-      auto to = aside / r.file.filename();
-      for (int i = 1; std::filesystem::exists(to, ec); ++i) to = aside / (r.file.filename().string() + "." + std::to_string(i));
-      std::filesystem::rename(r.file, to, ec);
-      if (ec) warn_("could not move unusable checkpoint " + r.file.string() + " aside: " + ec.message());
-      else warn_("moved unusable checkpoint " + r.file.string() + " to " + to.string());
+      move(r.file);
+      const auto step = detail::step_of(r.file);
+      for (const auto& [s, shard] : shard_listing())
+        if (step && s == *step) move(shard);
     }
+  }
+
+  // Shard files in the directory, with their steps.
+  std::vector<std::pair<long, std::filesystem::path>> shard_listing() const {
+    std::vector<std::pair<long, std::filesystem::path>> out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_))
+      if (auto step = detail::shard_step_of(entry.path())) out.emplace_back(*step, entry.path());
+    return out;
   }
 
   std::vector<std::pair<long, std::filesystem::path>> listing() const {
@@ -576,35 +1113,61 @@ class checkpoint_manager {
   }
 
   // Keeps the newest keep_last, the milestones and the best; deletes the rest. The checkpoint
-  // just written is always among the newest, so a good checkpoint always survives.
+  // just written is always among the newest, so a good checkpoint always survives. Shard files are
+  // kept only where a kept checkpoint lists them: those of deleted checkpoints go, and so do
+  // orphans (shards of a save whose commit never happened, or of another world size). A run
+  // saves one checkpoint at a time, so no shard of a save in flight can be taken for an orphan.
   void apply_retention(long newest) {
     const auto all = listing();
+    std::map<long, json> states;  // unreadable files have none
+    for (const auto& [step, file] : all) {
+      try {
+        const safetensors_file st(file);
+        const auto it = st.metadata().find("etude.state");
+        if (it != st.metadata().end()) states[step] = json::parse(it->second);
+      } catch (const std::exception&) {
+        // an unreadable file is not a candidate for best; retention below may still keep it
+      }
+    }
     std::optional<std::pair<double, long>> best;
     if (keep_.keep_best)
-      for (const auto& [step, file] : all) {
-        try {
-          const safetensors_file st(file);
-          const auto it = st.metadata().find("etude.state");
-          if (it == st.metadata().end()) continue;
-          const json state = json::parse(it->second);
-          if (state.contains("valid_ce") && state["valid_ce"].is_number()) {
-            const double ce = state["valid_ce"].get<double>();
-            if (!best || ce < best->first) best = std::make_pair(ce, step);
-          }
-        } catch (const std::exception&) {
-          // an unreadable file is not a candidate for best; retention below may still keep it
+      for (const auto& [step, state] : states)
+        if (state.contains("valid_ce") && state["valid_ce"].is_number()) {
+          const double ce = state["valid_ce"].get<double>();
+          if (!best || ce < best->first) best = std::make_pair(ce, step);
         }
-      }
     int kept_recent = 0;
+    std::map<long, bool> kept;
     for (const auto& [step, file] : all) {
       const bool recent = kept_recent < std::max(1, keep_.keep_last);
       const bool milestone = keep_.milestone_every > 0 && step % keep_.milestone_every == 0;
       const bool is_best = best && best->second == step;
       if (recent) ++kept_recent;
-      if (recent || milestone || is_best || step == newest) continue;
+      if (recent || milestone || is_best || step == newest) {
+        kept[step] = true;
+        continue;
+      }
       std::error_code ec;
       std::filesystem::remove(file, ec);
       if (ec) warn_("could not delete old checkpoint " + file.string() + ": " + ec.message());
+    }
+    for (const auto& [step, shard] : shard_listing()) {
+      bool listed = false;
+      if (kept.count(step)) {
+        const auto it = states.find(step);
+        if (it == states.end()) {
+          listed = true;  // a kept checkpoint whose state cannot be read: keep what may be its shards
+        } else {
+          const json par = it->second.value("parallel", json(nullptr));
+          if (par.is_object() && par.contains("shards") && par["shards"].is_array())
+            for (const auto& e : par["shards"])
+              if (e.is_object() && e.value("file", std::string()) == shard.filename().string()) listed = true;
+        }
+      }
+      if (listed) continue;
+      std::error_code ec;
+      std::filesystem::remove(shard, ec);
+      if (ec) warn_("could not delete shard file " + shard.string() + ": " + ec.message());
     }
   }
 

@@ -216,9 +216,11 @@ class run_directory {
   }
 
   static bool is_rejected_checkpoint(const std::string& name) {
-    // set_aside's names: ckpt-<step>.safetensors, or with ".<n>" appended
+    // set_aside's names: ckpt-<step>.safetensors or a shard of it, or with ".<n>" appended
     const auto dot = name.find(".safetensors");
-    if (dot == std::string::npos || !io::detail::step_of(name.substr(0, dot + 12))) return false;
+    if (dot == std::string::npos) return false;
+    const std::string file = name.substr(0, dot + 12);
+    if (!io::detail::step_of(file) && !io::detail::shard_step_of(file)) return false;
     const std::string rest = name.substr(dot + 12);
     return rest.empty() || (rest.size() > 1 && rest[0] == '.' && rest.find_first_not_of("0123456789", 1) == std::string::npos);
   }
