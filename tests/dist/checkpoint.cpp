@@ -632,3 +632,30 @@ TEST_CASE("data-parallel trainers: a single-process checkpoint resumes on 2 rank
   REQUIRE(m.resume(t));
   CHECK(after.held_by(t));
 }
+
+TEST_CASE("data-parallel trainers: a 2-rank run continues on 1 rank of accumulate<2> and back, bit for bit",
+          "[checkpoint][dist]") {
+  using one_cfg = etude::train_config<lm, etude::accumulate<2>>;
+  etude::test::scratch_dir dir;
+  // the uninterrupted run: 2 ranks of accumulate<1>, 5 steps
+  full_state straight;
+  dp_run{.world = 2, .until = 5, .final = &straight}(dir.path());
+  // the same run cut twice: 2 ranks until step 2, one process of accumulate<2> until 4, 2 ranks until 5
+  etude::test::scratch_dir cut;
+  dp_run{.world = 2, .save_at = 2, .until = 2}(cut.path());
+  {
+    etude::cpu_trainer<one_cfg> t{hyper()};
+    etude::io::checkpoint_manager m(cut.path(), {}, collect);
+    REQUIRE(m.resume(t));
+    REQUIRE(t.steps_done() == 2);
+    while (t.steps_done() < 4) t.step(global_batch(t.steps_done()));
+    m.save(t, {});
+  }
+  full_state resumed;
+  const dp_run run{.world = 2, .resume = true, .until = 5, .final = &resumed};
+  run(cut.path());
+  CHECK(resumed.step == 5);
+  CHECK(same_bits(resumed.params, straight.params));
+  for (int k = 0; k < dp_trainer::optimizer_state_count; ++k)
+    CHECK(same_bits(resumed.slots[static_cast<std::size_t>(k)], straight.slots[static_cast<std::size_t>(k)]));
+}

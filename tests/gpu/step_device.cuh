@@ -14,7 +14,8 @@ template <class Config>
 class device_trainer_of final : public device_trainer {
  public:
   using trainer_t = etude::trainer<Config, etude::backend::cuda>;
-  explicit device_trainer_of(const hyper& h) : t_(h) {}
+  explicit device_trainer_of(const hyper& h, int device = -1) : t_(h, device) {}
+  void distribute(const data_parallel& dp) override { t_.distribute(dp); }
   step_stats step(const batch_view& batch) override { return t_.step(batch); }
   step_stats loss_and_gradients(const batch_view& batch) override { return t_.loss_and_gradients(batch); }
   eval_stats evaluate(const batch_view& batch) override { return t_.evaluate(batch); }

@@ -11,6 +11,7 @@
 #include "etude/config/train_config.hpp"
 #include "etude/core/types.hpp"
 #include "etude/core/batch.hpp"
+#include "etude/train/communicator.hpp"
 #include "etude/train/stats.hpp"
 
 namespace etude::gpu_test::step {
@@ -43,10 +44,14 @@ class device_trainer {
   virtual long skipped_steps() const = 0;
   virtual std::size_t cached_graphs() const = 0;
   virtual memory_report memory(index_t microbatch, index_t frames) const = 0;
+  // data parallelism (an NCCL communicator: step_nccl.cpp)
+  virtual void distribute(const data_parallel& dp) = 0;
 };
 
 // One per configuration (step_device_fp32.cu, step_device_bf16.cu, step_device_fp16.cu).
 std::unique_ptr<device_trainer> make_fp32(const hyper& h);
+// fp32_config on a chosen device (several ranks in one process, one device each)
+std::unique_ptr<device_trainer> make_fp32_on(const hyper& h, int device);
 std::unique_ptr<device_trainer> make_bf16(const hyper& h);
 std::unique_ptr<device_trainer> make_fp16(const hyper& h);
 // step_device_policies.cu: fp32 with every_layer, bf16 with selective_ffn checkpointing

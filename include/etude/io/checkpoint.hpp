@@ -636,10 +636,30 @@ template <class Trainer>
 staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, const json& data = nullptr) {
   using params = typename Trainer::params;
   const std::string where = c.path().string();
-  const json ours = describe_run(t);
+  json ours = describe_run(t);
   // value(): a state without these fields (checksum-valid but foreign) shows up as differences
-  const json theirs{{"config", c.state().value("config", json(nullptr))},
-                    {"hyper", c.state().value("hyper", json(nullptr))}};
+  json theirs{{"config", c.state().value("config", json(nullptr))}, {"hyper", c.state().value("hyper", json(nullptr))}};
+  // How an optimiser step's batch is cut is not the run's identity: with the token-weighted loss
+  // (loss_norm::tokens) W ranks of accumulate<M> compute the same update as W' ranks of
+  // accumulate<M'> on the same global batch (which the caller's data identity pins), up to
+  // rounding (bit for bit when W·M = W'·M'), so a run resumes at another world size. The mean of
+  // means depends on the cut: there the microbatches of all ranks together must agree.
+  auto over_ranks = [](json& j, int ranks) {
+    json* acc = j.contains("config") && j["config"].is_object() && j["config"].contains("accumulate")
+                    ? &j["config"]["accumulate"]
+                    : nullptr;
+    if (acc == nullptr || !acc->is_object() || !acc->contains("microbatches") || !(*acc)["microbatches"].is_number_integer())
+      return;
+    if (acc->value("loss_norm", std::string()) != "tokens")
+      (*acc)["microbatches_over_ranks"] = (*acc)["microbatches"].get<long long>() * ranks;
+    acc->erase("microbatches");
+  };
+  const json saved_parallel = c.state().value("parallel", json(nullptr));
+  const int saved_ranks = saved_parallel.is_object() ? saved_parallel.value("world_size", 1) : c.state().value("world_size", 1);
+  int our_ranks = 1;
+  if constexpr (requires { t.parallel().size(); }) our_ranks = t.parallel().size();
+  over_ranks(ours, our_ranks);
+  over_ranks(theirs, saved_ranks);
   auto refuse = [&](const std::string& what, const std::vector<std::string>& diff, const std::string& hint) {
     std::string msg = where + ": " + what + "; refusing to resume. Differences:";
     for (const auto& d : diff) msg += "\n  " + d;
