@@ -10,8 +10,10 @@
 #include <cstring>
 #include <vector>
 
+#include <etude/backend/device_sizes.hpp>
 #include <etude/dist/metered.hpp>
 #include <etude/etude.hpp>
+#include <etude/train/fits.hpp>
 
 #include "../support.hpp"
 #include "local_communicator.hpp"
@@ -384,4 +386,19 @@ TEST_CASE("bf16 gradients on the wire: every reduced gradient is a bf16 value, a
   CHECK(not_bf16 == 0);
   CHECK(single_not_bf16 > 1000);  // the test could fail: one process's gradients are not bf16 values
   CHECK(etude::test::relative_l2(std::span<const float>(grads[0]), one.gradients()) < 1e-2);
+}
+
+TEST_CASE("ZeRO-1 in the plan makes room: a larger microbatch fits the same memory", "[dist]") {
+  // MusicGen-small's shape on 8 ranks of the device plan: the moments' (N-1)/N saved per rank
+  constexpr etude::shape small{.codebooks = 4, .card = 2048, .dim = 1024, .heads = 16, .layers = 24, .max_len = 1600};
+  using small_cfg = etude::train_config<etude::model<small, pat::delay<0, 1, 2, 3>>, etude::precision::bf16>;
+  using dev = etude::backend::device_plan;
+  constexpr index_t usable = index_t{12} << 30;
+  constexpr auto plain = etude::largest_microbatch<small_cfg, dev>(1500, usable, {.world_size = 8});
+  constexpr auto sharded = etude::largest_microbatch<small_cfg, dev>(1500, usable, {.world_size = 8, .zero1 = true});
+  STATIC_REQUIRE(sharded > plain);
+  const auto a = etude::plan_memory<small_cfg, dev>(1, 1500, {.world_size = 8});
+  const auto b = etude::plan_memory<small_cfg, dev>(1, 1500, {.world_size = 8, .zero1 = true});
+  CHECK(a.optimizer_states - b.optimizer_states == 2 * 4 * (small_cfg::model::params::total_elements -
+                                                            etude::partition{small_cfg::model::params::total_elements, 8}.size(0)));
 }
