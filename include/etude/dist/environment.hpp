@@ -32,13 +32,15 @@ struct launch_source {
   const char* size;
   const char* local_rank;
   const char* local_size;  // nullptr: Slurm, see slurm_local_size
+  bool rank_marks;         // only `rank` says the launcher is there: sbatch sets SLURM_NTASKS
+                           // in the batch script too, where nothing was launched by srun
 };
 
 inline constexpr launch_source launch_sources[] = {
     {"openmpi", "Open MPI (mpirun)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"slurm", "Slurm (srun)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
-    {"torchrun", "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", false},
+    {"slurm", "Slurm (srun)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, true},
+    {"torchrun", "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false},
 };
 
 using env_lookup = std::function<const char*(const char*)>;
@@ -120,7 +122,7 @@ inline bool read_launch_source(const env_lookup& get, const launch_source& s, la
   bool any = false;
   for (int i = 0; i < count; ++i) {
     values[i] = get(names[i]);
-    any = any || values[i] != nullptr;
+    any = any || (values[i] != nullptr && (i == 0 || !s.rank_marks));
   }
   if (!any) return false;
   std::string missing, present;
