@@ -175,6 +175,27 @@ TEMPLATE_TEST_CASE("reduce_start: buckets across part boundaries, rank-order sum
   }
 }
 
+TEST_CASE("progress: sums land before reduce_wait once the data are there", "[dist][reduce]") {
+  auto& comm = etude_test::world();
+  const int me = comm.rank(), P = comm.size();
+  const partition part{4 * static_cast<index_t>(P), P, 1};  // small: every message is sent eagerly
+  std::vector<double> x(static_cast<std::size_t>(part.n), static_cast<double>(me + 1));
+  comm.reduce_start(x.data(), etude::comm_type::f64, 0, part.n, part, "overlapped bucket");
+  const double want = P * (P + 1) / 2.0;
+  auto summed = [&] {
+    for (index_t i = part.begin(me); i < part.end(me); ++i) {
+      if (x[static_cast<std::size_t>(i)] != want) return false;
+    }
+    return true;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  bool early = false;
+  while (!(early = summed()) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) comm.progress();
+  CHECK(early);  // by progress(), not by reduce_wait
+  comm.reduce_wait();
+  CHECK(summed());
+}
+
 TEST_CASE("reduce_start: bf16 is summed in float and rounded once", "[dist][reduce]") {
   auto& comm = etude_test::world();
   const int me = comm.rank(), P = comm.size();

@@ -18,7 +18,9 @@
 // thread that made the communicator calls it); the last one destroyed finalises it if etude
 // initialised it and no communicator saw a failure. After a failure MPI_Finalize can hang (it waits
 // for the dead peer), so it is skipped and the process just exits; mpirun then reports the rank
-// that did not finalise, which is the truth. Nothing here calls abort, exit or MPI_Abort.
+// that did not finalise, which is the truth. A communicator destroyed with reductions outstanding
+// (an exception between reduce_start and reduce_wait) counts as a failure: MPI may still write
+// into its staging buffers, so they are left allocated. Nothing here calls abort, exit or MPI_Abort.
 // Not for: device buffers (dist/nccl.hpp), environment detection (dist/environment.hpp).
 #pragma once
 
@@ -231,7 +233,7 @@ class mpi_communicator final : public communicator {
   void broadcast_host(void* data, std::size_t bytes, int root, const char* what) override {
     usable_("broadcast", what);
     if (root < 0 || root >= size_) {
-      throw invalid_argument("etude mpi: broadcast of '" + std::string(what) + "' from root " + std::to_string(root) +
+      throw invalid_argument(prefix_() + "broadcast of '" + std::string(what) + "' from root " + std::to_string(root) +
                              ", but ranks are 0.." + std::to_string(size_ - 1));
     }
     const int tag = next_tag_();
@@ -254,16 +256,22 @@ class mpi_communicator final : public communicator {
     usable_("reduce", what);
     check_partition_(part, "reduce", what);
     if (begin < 0 || begin > end || end > part.n) {
-      throw invalid_argument("etude mpi: reduce of '" + std::string(what) + "' over [" + std::to_string(begin) + ", " +
+      throw invalid_argument(prefix_() + "reduce of '" + std::string(what) + "' over [" + std::to_string(begin) + ", " +
                              std::to_string(end) + ") outside the partition's [0, " + std::to_string(part.n) + ")");
     }
     if (!reduce_ops_.empty() && (part.n != reduce_part_.n || part.align != reduce_part_.align)) {
-      throw invalid_argument("etude mpi: reduce of '" + std::string(what) +
+      throw invalid_argument(prefix_() + "reduce of '" + std::string(what) +
                              "' uses another partition than the reductions still outstanding; the buckets of one "
                              "step share one partition (call reduce_wait between steps)");
     }
     reduce_part_ = part;
     const std::size_t esz = comm_type_size(t);
+    // staging: one region per other rank, each as long as the owned part, indexed like x; one
+    // partition while reductions are outstanding, so it only grows between steps
+    const std::size_t owned = static_cast<std::size_t>(part.size(rank_));
+    std::vector<std::byte>& stage = staging_[static_cast<int>(t)];
+    const std::size_t need = static_cast<std::size_t>(size_ - 1) * owned * esz;
+    if (stage.size() < need) stage.assign(need, std::byte{0});
     auto* bytes = static_cast<std::byte*>(x);
     const int tag = next_tag_();
     const int op = static_cast<int>(reduce_ops_.size());
@@ -277,18 +285,6 @@ class mpi_communicator final : public communicator {
         continue;
       }
       if (size_ == 1) continue;
-      // staging: one region per other rank, each as long as the owned part, indexed like x
-      const std::size_t owned = static_cast<std::size_t>(part.size(rank_));
-      std::vector<std::byte>& stage = staging_[static_cast<int>(t)];
-      const std::size_t need = static_cast<std::size_t>(size_ - 1) * owned * esz;
-      if (stage.size() < need) {
-        if (outstanding_of_type_(t)) {
-          throw invalid_argument("etude mpi: reduce of '" + std::string(what) +
-                                 "' needs a larger staging buffer while reductions into the current one are "
-                                 "outstanding; the buckets of one step share one partition");
-        }
-        stage.assign(need, std::byte{0});
-      }
       const std::size_t offset = static_cast<std::size_t>(pb - part.begin(rank_)) * esz;
       const int piece = static_cast<int>(pieces_.size());
       pieces_.push_back({bytes + pb * esz, t, count, stage.data() + offset, owned * esz, size_ - 1, false, op});
@@ -404,13 +400,6 @@ class mpi_communicator final : public communicator {
     const int tag = static_cast<int>(seq_ % static_cast<std::uint64_t>(tag_limit_));
     ++seq_;
     return tag;
-  }
-
-  bool outstanding_of_type_(comm_type t) const {
-    for (const piece& p : pieces_) {
-      if (p.t == t) return true;
-    }
-    return false;
   }
 
   void post_(std::vector<MPI_Request>& reqs, std::vector<request_info>& info, bool recv, const void* data,
