@@ -296,6 +296,32 @@ TEST_CASE("misuse is an invalid_argument before any message", "[dist][host]") {
   CHECK_FALSE(comm.failed());
 }
 
+TEST_CASE("messages split in pieces give the same results", "[dist][reduce]") {
+  auto& world = etude_test::world();
+  const int me = world.rank(), P = world.size();
+  etude::mpi_communicator comm(etude::mpi_options{.timeout_s = 30, .max_message_bytes = 1000});
+  const partition part{3 * 4096 + 1000, P};
+  std::vector<float> x(static_cast<std::size_t>(part.n));  // (n)
+  for (index_t i = 0; i < part.n; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(value(me, i, 5));
+  comm.reduce_start(x.data(), etude::comm_type::f32, 5000, part.n, part, "second bucket");
+  comm.reduce_start(x.data(), etude::comm_type::f32, 0, 5000, part, "first bucket");
+  comm.reduce_wait();
+  index_t wrong = 0;
+  for (index_t i = part.begin(me); i < part.end(me); ++i) {
+    wrong += bits(x[static_cast<std::size_t>(i)]) != bits(rank_order_sum<float>(i, P, 5));
+  }
+  CHECK(wrong == 0);
+  comm.allgather(x.data(), etude::comm_type::f32, part, "weights in pieces");
+  for (index_t i = 0; i < part.n; ++i) {
+    wrong += bits(x[static_cast<std::size_t>(i)]) != bits(rank_order_sum<float>(i, P, 5));
+  }
+  CHECK(wrong == 0);
+  std::vector<double> d(1000, static_cast<double>(me));
+  comm.allreduce_host(d.data(), d.size(), "sums in pieces");
+  CHECK(std::count(d.begin(), d.end(), P * (P - 1) / 2.0) == 1000);
+  CHECK_THROWS_AS(etude::mpi_communicator(etude::mpi_options{.max_message_bytes = 0}), etude::invalid_argument);
+}
+
 TEST_CASE("timeout: a rank that skips a collective is named, with the collective", "[dist][timeout]") {
   auto& world = etude_test::world();
   const int me = world.rank(), P = world.size(), silent = P - 1;

@@ -48,6 +48,8 @@ namespace etude {
 
 struct mpi_options {
   double timeout_s = 300;  // a collective waiting longer is a dist_error
+  // Longer messages go as several (MPI counts are int); the same on every rank.
+  std::size_t max_message_bytes = std::size_t{1} << 30;
 };
 
 namespace detail {
@@ -145,6 +147,10 @@ class mpi_communicator final : public communicator {
     if (!(options_.timeout_s > 0)) {
       throw invalid_argument("etude mpi: timeout_s (" + std::to_string(options_.timeout_s) +
                              ") must be positive; it bounds every wait for a peer");
+    }
+    if (options_.max_message_bytes < 1 || options_.max_message_bytes > (std::size_t{1} << 30)) {
+      throw invalid_argument("etude mpi: max_message_bytes (" + std::to_string(options_.max_message_bytes) +
+                             ") must be between 1 and 2^30");
     }
     // Read before MPI starts, so a bad environment is an error before any peer waits on this one.
     const launch_env env = detect_launch();
@@ -358,8 +364,6 @@ class mpi_communicator final : public communicator {
     int op;
   };
 
-  static constexpr std::size_t max_message_ = std::size_t{1} << 30;  // MPI counts are int
-
   std::string prefix_() const {
     return "etude mpi, rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
   }
@@ -407,7 +411,7 @@ class mpi_communicator final : public communicator {
     const int op = static_cast<int>(reduce_ops_.size()) - 1;
     std::size_t done = 0;
     do {  // a message of zero bytes still is one (the barrier)
-      const std::size_t n = std::min(bytes - done, max_message_);
+      const std::size_t n = std::min(bytes - done, options_.max_message_bytes);
       MPI_Request r = MPI_REQUEST_NULL;
       auto* p = static_cast<const std::byte*>(data) + (data != nullptr ? done : 0);
       const int rc = recv ? MPI_Irecv(const_cast<std::byte*>(p), static_cast<int>(n), MPI_BYTE, peer, tag, comm_, &r)
