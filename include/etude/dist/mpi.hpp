@@ -183,11 +183,11 @@ class mpi_communicator final : public communicator {
     ++state.live;
     // A non-blocking duplicate, so that a peer that never makes its communicator is a timeout too.
     MPI_Request dup = MPI_REQUEST_NULL;
-    check_(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &dup), "set-up", "communicator set-up");
+    check_(MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &dup), "set-up", "a duplicate of MPI_COMM_WORLD");
     std::vector<MPI_Request> reqs{dup};
     std::vector<request_info> info{{-1, false, -1}};
-    wait_(reqs, info, "set-up", "communicator set-up", nullptr);
-    check_(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "set-up", "communicator set-up");
+    wait_(reqs, info, "set-up", "a duplicate of MPI_COMM_WORLD", nullptr);
+    check_(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "set-up", "a duplicate of MPI_COMM_WORLD");
     int* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
