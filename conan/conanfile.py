@@ -80,4 +80,5 @@ class EtudeConan(ConanFile):
         # system library each, which a consumer that includes them links itself (the CMake
         # package's etude::audio and etude::image targets do it): etude/track/synth.hpp needs
         # FluidSynth (pkg-config fluidsynth, Debian's libfluidsynth-dev), etude/track/piano_roll.hpp
-        # libpng (Debian's libpng-dev). Every other header needs neither.
+        # libpng (Debian's libpng-dev). Likewise etude/dist/mpi.hpp needs MPI (find_package(MPI),
+        # Debian's libopenmpi-dev; the CMake package's etude::mpi). Every other header needs none.
