@@ -221,6 +221,14 @@ json stats_json(const etude::eval_stats& s) {
   return {{"ce", s.ce}, {"ppl", s.ppl}, {"ce_q", s.ce_q}, {"ppl_q", s.ppl_q}, {"tokens", s.tokens}};
 }
 
+// This process's place among data-parallel ranks (one process: rank 0 of 1, no communicator).
+struct world {
+  etude::communicator* comm = nullptr;
+  int rank = 0;
+  int size = 1;
+  bool lead() const { return rank == 0; }
+};
+
 // The run record: what the seeds' experiment-tracking list asks for, as far as this job knows it.
 template <class Trainer>
 json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
@@ -301,14 +309,6 @@ json write_samples(const options& o, Trainer& trainer, const etude::data::condit
   }
   return out;
 }
-
-// This process's place among data-parallel ranks (one process: rank 0 of 1, no communicator).
-struct world {
-  etude::communicator* comm = nullptr;
-  int rank = 0;
-  int size = 1;
-  bool lead() const { return rank == 0; }
-};
 
 // Examples [first, first + count) of a batch, conditions included: a rank's share.
 etude::token_batch share_of(const etude::token_batch& b, const world& w) {
@@ -441,6 +441,11 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   } else {
     // one deterministic pass over a split: every example once, its first segment, no workers
     auto one_pass = lc;
+    // every rank reads the whole split: the unigram counts and validation batches are the global
+    // ones, and each rank then evaluates its share of every batch
+    one_pass.batch_size = o.batch;
+    one_pass.rank = 0;
+    one_pass.world_size = 1;
     one_pass.epochs = 1;
     one_pass.shuffle = false;
     one_pass.crop = etude::data::crop_mode::start;
