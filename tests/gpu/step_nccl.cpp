@@ -82,7 +82,7 @@ TEST_CASE("two NCCL ranks on two devices follow one CPU process accumulating the
     return;
   }
   using cpu_cfg = etude::train_config<st::lm, etude::precision::fp32, etude::accumulate<4>>;
-  etude::cpu_trainer<cpu_cfg> oracle{hyper_for_test()};
+  etude::trainer<cpu_cfg, etude::backend::cpu> oracle{hyper_for_test()};
   const auto whole = batch_of(8, 11);
   std::vector<etude::step_stats> want;
   for (int s = 0; s < 3; ++s) want.push_back(oracle.step(whole));
