@@ -310,18 +310,6 @@ json write_samples(const options& o, Trainer& trainer, const etude::data::condit
   return out;
 }
 
-// Examples [first, first + count) of a batch, conditions included: a rank's share.
-etude::token_batch share_of(const etude::token_batch& b, const world& w) {
-  if (w.size == 1) return b;
-  const etude::index_t count = b.batch / w.size, first = w.rank * count, per = b.codebooks * b.frames;
-  etude::token_batch out(count, b.codebooks, b.frames);
-  std::copy_n(b.tokens.begin() + first * per, count * per, out.tokens.begin());
-  std::copy_n(b.mask.begin() + first * per, count * per, out.mask.begin());
-  const auto a = static_cast<etude::index_t>(b.attributes.size()) / b.batch;
-  out.attributes.assign(b.attributes.begin() + first * a, b.attributes.begin() + (first + count) * a);
-  return out;
-}
-
 // The main job on one trainer, whichever backend it runs on.
 template <class Trainer>
 int run(const options& o, Trainer& trainer, const std::string& command, const world& w) {
@@ -469,7 +457,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   score_unigrams(valid, counts, o.frames);
   data_record["unigram_baseline"] = valid.unigram;
   // each rank evaluates its share of every validation batch; evaluate() sums over the ranks
-  for (auto& b : valid.batches) b = share_of(b, w);
+  for (auto& b : valid.batches) b = b.share(w.rank, w.size);
   if (w.size > 1 && !valid.batches.empty() && valid.batches.front().batch % cfg::microbatches != 0)
     throw etude::invalid_argument("validation batches of " + std::to_string(o.batch) + " examples cannot be split into " +
                                   std::to_string(w.size) + " ranks of whole microbatches; change --batch");
@@ -516,7 +504,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   while (trainer.steps_done() < o.steps) {
     const long s = trainer.steps_done();
     const etude::token_batch batch =
-        synthetic ? share_of(with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))), w)
+        synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))).share(w.rank, w.size)
                   : with_conditions(std::move(*train_loader->next()));
     const auto st = trainer.step(batch);
     checkpoints.poll();  // a failed background save stops the run here, with its error

@@ -503,14 +503,6 @@ etude::token_batch global_batch(long step) {
   return b;
 }
 
-etude::token_batch share(const etude::token_batch& b, int rank, int world) {
-  const index_t n = b.batch / world, per = b.codebooks * b.frames;
-  etude::token_batch out(n, b.codebooks, b.frames);
-  std::copy_n(b.tokens.begin() + rank * n * per, n * per, out.tokens.begin());
-  std::copy_n(b.mask.begin() + rank * n * per, n * per, out.mask.begin());
-  return out;
-}
-
 // A whole state, assembled from the ranks' shards.
 struct full_state {
   long step = -1;
@@ -562,7 +554,7 @@ struct dp_run {
         resumed_as_expected[static_cast<std::size_t>(rank)] = rs && expect && expect->held_by(t) ? 1 : 0;
       }
       while (t.steps_done() < until) {
-        t.step(share(global_batch(t.steps_done()), rank, world));
+        t.step(global_batch(t.steps_done()).share(rank, world));
         if (t.steps_done() == save_at) {
           etude::io::run_state rs;
           rs.world_size = world;

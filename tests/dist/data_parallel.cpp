@@ -49,19 +49,6 @@ etude::token_batch uneven_batch(index_t n, bool attributes = false, unsigned see
   return b;
 }
 
-// Examples [first, first + count) of b, conditions included.
-etude::token_batch slice(const etude::token_batch& b, index_t first, index_t count) {
-  etude::token_batch out(count, b.codebooks, b.frames);
-  const index_t per = b.codebooks * b.frames;
-  std::copy_n(b.tokens.begin() + first * per, count * per, out.tokens.begin());
-  std::copy_n(b.mask.begin() + first * per, count * per, out.mask.begin());
-  if (!b.attributes.empty()) {
-    const index_t a = static_cast<index_t>(b.attributes.size()) / b.batch;
-    out.attributes.assign(b.attributes.begin() + first * a, b.attributes.begin() + (first + count) * a);
-  }
-  return out;
-}
-
 template <class T>
 bool same_bits(std::span<const T> a, std::span<const T> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
@@ -102,7 +89,7 @@ std::vector<run_result> ranks(int W, const etude::token_batch& data, int steps, 
   etude::test::run_ranks(W, [&](int r, etude::communicator& c) {
     etude::cpu_trainer<Config> t{h};
     t.distribute({&c, bucket_bytes, zero1});
-    const auto mine = slice(data, r * B, B);
+    const auto mine = data.examples(r * B, B);
     run_result& o = out[static_cast<std::size_t>(r)];
     t.loss_and_gradients(mine);
     o.grads.assign(t.gradients().begin(), t.gradients().end());
@@ -166,7 +153,7 @@ TEST_CASE("N ranks x B equal one process on N.B within rounding: the token-weigh
   etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
     etude::cpu_trainer<cfg<1, etude::loss_norm::mean_of_means>> t{hyper_for_test()};
     t.distribute({&c});
-    ce[static_cast<std::size_t>(r)] = t.loss_and_gradients(slice(data, r * 4, 4)).ce;
+    ce[static_cast<std::size_t>(r)] = t.loss_and_gradients(data.examples(r * 4, 4)).ce;
   });
   CHECK(ce[0] == ce[1]);
   CHECK(std::abs(ce[0] - whole.stats[0].ce) > 1e-4);
@@ -250,7 +237,7 @@ TEST_CASE("a refused update is refused by every shard, naming the same value, an
     t.distribute({&c, 4096, true});
     const std::vector<float> before(t.parameters().begin(), t.parameters().end());
     try {
-      t.step(slice(data, r * 2, 2));
+      t.step(data.examples(r * 2, 2));
     } catch (const etude::non_finite& e) {
       messages[static_cast<std::size_t>(r)] = e.what();
     }
@@ -269,7 +256,7 @@ TEST_CASE("evaluation statistics are global", "[dist]") {
   etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
     etude::cpu_trainer<cfg<1>> t{hyper_for_test()};
     t.distribute({&c});
-    got[static_cast<std::size_t>(r)] = t.evaluate(slice(data, r * 4, 4));
+    got[static_cast<std::size_t>(r)] = t.evaluate(data.examples(r * 4, 4));
   });
   for (const auto& e : got) {
     CHECK(e.tokens == ev.tokens);
@@ -288,9 +275,9 @@ TEST_CASE("a batch with no valid target anywhere is refused on every rank; on on
   etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
     etude::cpu_trainer<cfg<1>> t{hyper_for_test()};
     t.distribute({&c});
-    t.step(slice(data, r * 2, 2));  // throws (and fails the test) if refused
+    t.step(data.examples(r * 2, 2));  // throws (and fails the test) if refused
     try {
-      t.step(slice(data, 2, 2));
+      t.step(data.examples(2, 2));
     } catch (const etude::invalid_input& e) {
       refused[static_cast<std::size_t>(r)] = e.what();
     }
@@ -328,7 +315,7 @@ TEST_CASE("distribute's refusals, and a rank that stops calling", "[dist]") {
         [&](int r, etude::communicator& c) {
           etude::cpu_trainer<cfg<1>> t{hyper_for_test()};
           t.distribute({&c});
-          if (r == 0) t.step(slice(data, 0, 2));  // rank 1 never joins the step
+          if (r == 0) t.step(data.examples(0, 2));  // rank 1 never joins the step
         },
         1.0);
   } catch (const etude::dist_error& e) {
@@ -348,7 +335,7 @@ TEST_CASE("a metered communicator counts what a step sends", "[dist]") {
     etude::cpu_trainer<cfg<1>> t{hyper_for_test()};
     t.distribute({&meter, 16384, false});
     meter.reset();
-    t.step(slice(data, r * 2, 2));
+    t.step(data.examples(r * 2, 2));
     reduce[static_cast<std::size_t>(r)] = meter.of(etude::metered_communicator::reduce);
     gather[static_cast<std::size_t>(r)] = meter.of(etude::metered_communicator::gather);
   });
@@ -375,7 +362,7 @@ TEST_CASE("bf16 gradients on the wire: every reduced gradient is a bf16 value, a
   etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
     etude::cpu_trainer<bf_cfg> t{hyper_for_test()};
     t.distribute({&c, 4096, false});
-    ce[static_cast<std::size_t>(r)] = t.loss_and_gradients(slice(data, r * 4, 4)).ce;
+    ce[static_cast<std::size_t>(r)] = t.loss_and_gradients(data.examples(r * 4, 4)).ce;
     grads[static_cast<std::size_t>(r)].assign(t.gradients().begin(), t.gradients().end());
   });
   CHECK(grads[0] == grads[1]);
@@ -401,4 +388,25 @@ TEST_CASE("ZeRO-1 in the plan makes room: a larger microbatch fits the same memo
   const auto b = etude::plan_memory<small_cfg, dev>(1, 1500, {.world_size = 8, .zero1 = true});
   CHECK(a.optimizer_states - b.optimizer_states == 2 * 4 * (small_cfg::model::params::total_elements -
                                                             etude::partition{small_cfg::model::params::total_elements, 8}.size(0)));
+}
+
+TEST_CASE("a rank's share of a batch carries its examples' tokens, mask and conditions", "[dist]") {
+  auto b = uneven_batch(6, true);
+  b.embeddings.resize(6 * 3);
+  for (std::size_t i = 0; i < b.embeddings.size(); ++i) b.embeddings[i] = static_cast<float>(i);
+  b.embedding_mask.assign(6 * 3, 1);
+  b.embedding_mask[4 * 3 + 1] = 0;
+  const auto s = b.share(2, 3);  // examples 4 and 5
+  REQUIRE(s.batch == 2);
+  CHECK(s.frames == b.frames);
+  for (int k = 0; k < shape.codebooks; ++k)
+    for (index_t t = 0; t < frames; ++t) {
+      CHECK(s.at(0, k, t) == b.at(4, k, t));
+      CHECK(s.view().valid(1, k, t) == b.view().valid(5, k, t));
+    }
+  CHECK(s.attributes == std::vector<std::int32_t>{4, 5});
+  CHECK(s.embeddings.front() == 12.0f);
+  CHECK(s.embedding_mask == std::vector<unsigned char>{1, 0, 1, 1, 1, 1});
+  CHECK_THROWS_WITH(b.share(0, 4), Catch::Contains("splits evenly"));
+  CHECK_THROWS_WITH(b.examples(5, 2), Catch::Contains("not within the batch's 6 examples"));
 }

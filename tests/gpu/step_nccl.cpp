@@ -39,14 +39,6 @@ etude::token_batch batch_of(index_t n, std::uint64_t stream) {
   return b;
 }
 
-etude::token_batch slice(const etude::token_batch& b, index_t first, index_t count) {
-  etude::token_batch out(count, b.codebooks, b.frames);
-  const index_t per = b.codebooks * b.frames;
-  std::copy_n(b.tokens.begin() + first * per, count * per, out.tokens.begin());
-  std::copy_n(b.mask.begin() + first * per, count * per, out.mask.begin());
-  return out;
-}
-
 etude::hyper hyper_for_test() {
   etude::hyper h;
   h.lr = 1e-3;
@@ -97,7 +89,7 @@ TEST_CASE("two NCCL ranks on two devices follow one CPU process accumulating the
         etude::nccl_communicator comm(etude::nccl_file_bootstrap{path, r, 2}, r);
         auto t = st::make_fp32_on(hyper_for_test(), r);
         t->distribute({&comm, 1 << 16, r == 0});
-        const auto mine = slice(whole, 4 * r, 4);
+        const auto mine = whole.examples(4 * r, 4);
         for (int s = 0; s < 3; ++s) got[static_cast<std::size_t>(r)].push_back(t->step(mine));
         params[static_cast<std::size_t>(r)] = t->parameters();
       } catch (...) {

@@ -27,14 +27,6 @@ etude::token_batch uneven_batch() {
   return b;
 }
 
-etude::token_batch slice(const etude::token_batch& b, index_t first, index_t count) {
-  etude::token_batch out(count, b.codebooks, b.frames);
-  const index_t per = b.codebooks * b.frames;
-  std::copy_n(b.tokens.begin() + first * per, count * per, out.tokens.begin());
-  std::copy_n(b.mask.begin() + first * per, count * per, out.mask.begin());
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("4 microbatches of 2 give the same update as one batch of 8", "[accumulation]") {
@@ -113,7 +105,7 @@ TEST_CASE("mean of means: the average of each microbatch's own loss and gradient
   std::vector<double> ce_q(shape.codebooks, 0.0);
   std::vector<double> grad(one.gradients().size(), 0.0);
   for (index_t m = 0; m < 4; ++m) {
-    const auto part = one.loss_and_gradients(slice(data, 2 * m, 2));
+    const auto part = one.loss_and_gradients(data.examples(2 * m, 2));
     ce += part.ce / 4;
     for (int k = 0; k < shape.codebooks; ++k) ce_q[static_cast<std::size_t>(k)] += part.ce_q[static_cast<std::size_t>(k)] / 4;
     for (std::size_t i = 0; i < grad.size(); ++i) grad[i] += one.gradients()[i] / 4;

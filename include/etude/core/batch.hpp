@@ -80,6 +80,38 @@ struct token_batch {
     return v;
   }
   operator batch_view() const { return view(); }  // NOLINT: a batch is usable wherever its view is
+
+  // Examples [first, first + count) with everything they carry (tokens, mask, conditions): a
+  // microbatch, or a data-parallel rank's share of a global batch.
+  token_batch examples(index_t first, index_t count) const {
+    if (first < 0 || count < 0 || first + count > batch)
+      throw invalid_argument("token_batch::examples: [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                             ") is not within the batch's " + std::to_string(batch) + " examples");
+    token_batch out;
+    out.batch = count;
+    out.codebooks = codebooks;
+    out.frames = frames;
+    auto take = [&](const auto& from, auto& to) {
+      if (from.empty() || batch == 0) return;
+      const auto per = static_cast<std::ptrdiff_t>(from.size() / static_cast<std::size_t>(batch));
+      to.assign(from.begin() + first * per, from.begin() + (first + count) * per);
+    };
+    take(tokens, out.tokens);
+    take(mask, out.mask);
+    take(attributes, out.attributes);
+    take(embeddings, out.embeddings);
+    take(embedding_mask, out.embedding_mask);
+    return out;
+  }
+  // Rank `rank`'s share of a global batch split evenly over `ranks` (examples [rank·B/ranks, ...)),
+  // as a data-parallel trainer expects it (train/communicator.hpp).
+  token_batch share(int rank, int ranks) const {
+    if (ranks <= 0 || rank < 0 || rank >= ranks || batch % ranks != 0)
+      throw invalid_argument("token_batch::share: rank " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                             ": a batch of " + std::to_string(batch) + " examples splits evenly over " +
+                             "a number of ranks that divides it");
+    return examples(rank * (batch / ranks), batch / ranks);
+  }
 };
 
 // Throws invalid_input, naming `what` ("training batch"), the field and both sizes, when the
