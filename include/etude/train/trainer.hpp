@@ -339,7 +339,12 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
     }
   }
   if constexpr (compressed) wire_ = typename executor::template buffer<comm_type_t>(P);
-  if constexpr (requires { exec_.context().stream(); }) dp.comm->bind(static_cast<void*>(exec_.context().stream()));
+  if constexpr (!executor::host_resident) {
+    // a device communicator orders its collectives after the step's work on the step's stream
+    static_assert(requires(executor& e) { e.context().stream(); },
+                  "a device executor must expose its stream (context().stream()) for data parallelism");
+    dp.comm->bind(static_cast<void*>(exec_.context().stream()));
+  }
   prepare_state();
   note_memory(0);
 }
