@@ -18,6 +18,7 @@
 //              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
 //              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N] [--cond-dropout P]
 //              [--samples N] [--sample-frames T] [--cfg-coef C] [--soundfont FILE]
+//              [--diagnostics-every N] [--dead-after K]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +40,7 @@
 #include <etude/etude.hpp>
 #include <etude/generate/generator.hpp>
 #include <etude/io/checkpoint.hpp>
+#include <etude/track/gradient_diagnostics.hpp>
 #include <etude/track/metrics_log.hpp>
 #include <etude/track/run_directory.hpp>
 #include <etude/track/tensorboard.hpp>
@@ -87,6 +90,8 @@ struct options {
   etude::index_t sample_frames = 128;
   double cfg_coef = 3.0;
   fs::path soundfont;          // empty: Debian's GM soundfont
+  long diagnostics_every = 0;  // gradient diagnostics every N steps (0: off)
+  int dead_after = 5;          // diagnosed steps of exactly zero gradient that make a dead-parameter warning
 };
 
 options parse(int argc, char** argv) {
@@ -107,6 +112,13 @@ options parse(int argc, char** argv) {
   etude_cli::add_number(app, "--lr", o.lr, 0.0, true, "peak learning rate of AdamW's cosine schedule");
   etude_cli::add_integer(app, "--valid-every", o.valid_every, 1L, most, "validate every N steps");
   etude_cli::add_integer(app, "--checkpoint-every", o.checkpoint_every, 1L, most, "checkpoint every N steps");
+  etude_cli::add_integer(app, "--diagnostics-every", o.diagnostics_every, 0L, most,
+                         "every N steps, gradient norm, update ratio and zero fraction per tensor group into the "
+                         "metrics and TensorBoard, and dead-parameter warnings (one extra forward and backward "
+                         "pass on those steps); 0: off");
+  etude_cli::add_integer(app, "--dead-after", o.dead_after, 1, 1000000,
+                         "with --diagnostics-every: warn about a tensor whose gradient was exactly zero on this many "
+                         "consecutive diagnosed steps");
   etude_cli::add_integer(app, "--stop-after", o.stop_after, 0L, most,
                          "stop (as if interrupted) after N steps of this invocation; 0: run to the end");
   app.add_flag("--fresh", o.fresh, "remove the files etude wrote in the run directory (only those) first");
@@ -233,7 +245,8 @@ struct world {
 template <class Trainer>
 json run_record(const options& o, const Trainer& trainer, const json& data, const std::string& status,
                 const json& summary, const std::vector<std::string>& checkpoints, const json& conditions,
-                const world& w, const json& samples = json::array()) {
+                const world& w, const json& samples = json::array(),
+                const std::vector<std::string>& warnings = {}) {
   json r;
   fs::path named = fs::absolute(o.run_dir).lexically_normal();
   if (named.filename().empty()) named = named.parent_path();  // "runs/tiny/"
@@ -265,6 +278,7 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["summary"] = summary;
   r["checkpoints"] = checkpoints;
   r["samples"] = samples;
+  r["warnings"] = warnings;  // this invocation's dead-parameter warnings (--diagnostics-every)
   r["notes"] = "";
   return r;
 }
@@ -498,6 +512,11 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
     saved.push_back((checkpoints.directory() / etude::io::detail::checkpoint_name(trainer.steps_done())).string());
   };
 
+  // gradient diagnostics (--diagnostics-every): every rank runs the extra pass, whose gradients are
+  // reduced over the ranks; rank 0 writes them
+  etude::track::gradient_diagnostics diagnostics(o.dead_after);
+  std::vector<std::string> warnings;
+
   const auto start = std::chrono::steady_clock::now();
   const long first = trainer.steps_done();
   double frames_done = 0;
@@ -506,16 +525,34 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
     const etude::token_batch batch =
         synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))).share(w.rank, w.size)
                   : with_conditions(std::move(*train_loader->next()));
+    const bool diagnose = o.diagnostics_every > 0 && (s + 1) % o.diagnostics_every == 0;
+    if (diagnose) diagnostics.before_step(trainer, batch);
     const auto st = trainer.step(batch);
+    std::map<std::string, double> gradient_scalars;
+    if (diagnose) {
+      const auto& report = diagnostics.after_step(trainer, st);
+      gradient_scalars = report.scalars();
+      if (board) etude::track::write_tensorboard(*board, report);
+      for (const auto& d : report.warnings) {
+        std::printf("step %ld: warning: %s\n", st.step, d.message.c_str());
+        warnings.push_back("step " + std::to_string(st.step) + ": " + d.message);
+      }
+      if (held && !report.warnings.empty())
+        write_json(held->record(), run_record(o, trainer, data_record, "running", json::object(), saved,
+                                              conditions_record, w, json::array(), warnings));
+    }
     checkpoints.poll();  // a failed background save stops the run here, with its error
     frames_done += static_cast<double>(st.frames);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (metrics)
-      metrics->write({.step = st.step,
-                      .scalars = {{"ce", st.ce}, {"ppl", st.ppl}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                                  {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
-                      .arrays = {{"ce_q", st.ce_q}},
-                      .labels = {{"split", "train"}}});
+    if (metrics) {
+      etude::track::metrics_record line{.step = st.step,
+                                        .scalars = {{"ce", st.ce}, {"ppl", st.ppl}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
+                                                    {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
+                                        .arrays = {{"ce_q", st.ce_q}},
+                                        .labels = {{"split", "train"}}};
+      line.scalars.merge(gradient_scalars);  // grad/<group>/... on the diagnosed steps
+      metrics->write(line);
+    }
     if (board)
       board->scalars({{"train/ce", st.ce}, {"train/ppl", st.ppl}, {"train/lr", st.lr}, {"train/grad_norm", st.grad_norm}},
                   st.step);
@@ -543,7 +580,8 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
       if (held) {
         board->close();
         write_json(held->record(), run_record(o, trainer, data_record, "interrupted",
-                                              {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record, w));
+                                              {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record, w,
+                                              json::array(), warnings));
       }
       std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
       return 0;
@@ -557,7 +595,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
     write_json(held->record(), run_record(o, trainer, data_record, "finished",
                                           {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)},
                                            {"unigram_ce", valid.unigram}},
-                                          saved, conditions_record, w, samples));
+                                          saved, conditions_record, w, samples, warnings));
     std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
                 learned ? "below" : "NOT below", held->record().string().c_str());
   }

@@ -141,8 +141,11 @@ inline const char* dead_hint(param_kind k) {
       return "a condition never used by the data (every example's value null, or always dropped)?";
     case param_kind::norm_cross_weight:
     case param_kind::norm_cross_bias:
-      return "cross-attention with a single condition position to attend to (the others null or padded: "
-             "its softmax is 1 whatever the query)?";
+      return "cross-attention with at most one condition position to attend to (the others null, padded or "
+             "dropped: a softmax over one key is 1 whatever the query)?";
+    case param_kind::cross_qkv:
+    case param_kind::cross_out:
+      return "cross-attention with nothing to attend to (every condition null, padded or dropped)?";
     case param_kind::embedding:
     case param_kind::head: return "a codebook without valid targets, or a learning signal that never reaches it?";
     default: return "a part of the network the loss never reaches?";
