@@ -286,3 +286,47 @@ TEST_CASE("gradient diagnostics: the group scalars reach metrics.jsonl and Tenso
   CHECK(found);
   fs::remove_all(dir);
 }
+
+TEST_CASE("gradient diagnostics: fp16 gradients are read unscaled, bf16 and fp64 policies too", "[track][diagnostics]") {
+  auto global_norm = [](const etude::track::gradient_report& r) {
+    double s = 0;
+    for (const auto& g : r.groups) s += g.grad_norm * g.grad_norm;
+    return std::sqrt(s);
+  };
+  const auto batch = make_batch(4, 8, 7);
+  {
+    etude::trainer<etude::train_config<plain_lm, etude::precision::fp16>, etude::backend::cpu> tr;
+    etude::track::gradient_diagnostics diag;
+    const auto pass = diag.before_step(tr, batch);
+    REQUIRE(pass.scale > 1);  // the gradient buffer holds scaled gradients
+    const auto st = tr.step(batch);
+    REQUIRE_FALSE(st.skipped);
+    const auto& r = diag.after_step(tr, st);
+    CHECK(r.loss_scale == pass.scale);
+    CHECK(global_norm(r) == Approx(st.grad_norm).epsilon(1e-6));
+  }
+  {
+    etude::trainer<etude::train_config<plain_lm, etude::precision::bf16>, etude::backend::cpu> tr;
+    etude::track::gradient_diagnostics diag;
+    diag.before_step(tr, batch);
+    const auto st = tr.step(batch);
+    CHECK(global_norm(diag.after_step(tr, st)) == Approx(st.grad_norm).epsilon(1e-6));
+  }
+  {
+    etude::trainer<etude::train_config<plain_lm, etude::precision::fp64>, etude::backend::cpu> tr;
+    etude::track::gradient_diagnostics diag;
+    diag.before_step(tr, batch);
+    const std::vector<double> before(tr.parameters().begin(), tr.parameters().end());
+    const auto st = tr.step(batch);
+    const auto& r = diag.after_step(tr, st);
+    CHECK(global_norm(r) == Approx(st.grad_norm).epsilon(1e-12));
+    const auto& p = plain_lm::params::at(etude::param_kind::ffn_up, 1);
+    double ws = 0, ds = 0;
+    for (index_t i = p.offset; i < p.offset + p.numel(); ++i) {
+      const auto u = static_cast<std::size_t>(i);
+      ws += before[u] * before[u];
+      ds += (tr.parameters()[u] - before[u]) * (tr.parameters()[u] - before[u]);
+    }
+    CHECK(find(r, "transformer.layers.1.linear1.weight").update_ratio == Approx(std::sqrt(ds / ws)).epsilon(1e-12));
+  }
+}
