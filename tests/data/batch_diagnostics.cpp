@@ -81,8 +81,8 @@ TEST_CASE("target fractions of a padded batch under delay<0, 1, 2, 3>, by hand",
   totals.add(p);
   CHECK(totals.steps == 2);
   CHECK(totals.examples == 6);
-  CHECK(totals.empty == 1);
-  CHECK(totals.short_ == 1);
+  CHECK(totals.empty_count == 1);
+  CHECK(totals.short_count == 1);
   CHECK(totals.targets[3].valid == 5 + 18);
   CHECK(totals.targets[3].pattern_masked == 9);
   CHECK(totals.targets[3].positions == 36);
@@ -94,6 +94,14 @@ TEST_CASE("target fractions of a padded batch under delay<0, 1, 2, 3>, by hand",
   CHECK(m[0].first == "data/pad_q0");
   CHECK(m[0].second == Approx(10.0 / 18));
   CHECK(m.back().first == "data/short");
+  const auto drift = data::compare_histograms(data::token_histogram(4, 5), data::token_histogram(4, 5));
+  const auto mt = data::as_metrics(totals, &drift, "train/");
+  REQUIRE(mt.size() == 4 * 3 + 2 + 4 * 2 + 2);
+  CHECK(mt[9].first == "train/pad_q3");
+  CHECK(mt[9].second == Approx(4.0 / 36));
+  CHECK(mt[13].first == "train/short");
+  CHECK(mt[13].second == Approx(1.0 / 6));
+  CHECK(mt.back().first == "train/token_kl");
 
   // a plan for another T is refused, naming the fix
   CHECK_THROWS_WITH(data::diagnose_batch(b, etude::make_pattern_plan<delay4>(4, 7)),

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -129,8 +130,8 @@ batch_diagnostics diagnose_batch(const batch_view& b, double short_fraction = 0.
 struct batch_totals {
   index_t steps = 0;
   index_t examples = 0;
-  index_t empty = 0;
-  index_t short_ = 0;
+  index_t empty_count = 0;
+  index_t short_count = 0;
   std::vector<codebook_targets> targets;  // (K)
 
   void add(const batch_diagnostics& d) {
@@ -140,12 +141,12 @@ struct batch_totals {
                              std::to_string(targets.size()));
     ++steps;
     examples += d.examples;
-    empty += static_cast<index_t>(d.empty_examples.size());
-    short_ += static_cast<index_t>(d.short_examples.size());
+    empty_count += static_cast<index_t>(d.empty_examples.size());
+    short_count += static_cast<index_t>(d.short_examples.size());
     for (std::size_t k = 0; k < targets.size(); ++k) targets[k] += d.targets[k];
   }
-  double empty_share() const { return examples == 0 ? 0.0 : static_cast<double>(empty) / static_cast<double>(examples); }
-  double short_share() const { return examples == 0 ? 0.0 : static_cast<double>(short_) / static_cast<double>(examples); }
+  double empty_share() const { return examples == 0 ? 0.0 : static_cast<double>(empty_count) / static_cast<double>(examples); }
+  double short_share() const { return examples == 0 ? 0.0 : static_cast<double>(short_count) / static_cast<double>(examples); }
   void clear() { *this = batch_totals{}; }
 };
 
@@ -313,13 +314,15 @@ class token_drift {
 
 // Names and values for a metrics sink, "<prefix>pad_q{k}" etc.: per codebook the padding,
 // pattern-masked and valid fractions; the empty and short shares; and, when given, the token
-// distance per codebook (tv_q{k}, kl_q{k}) and its means.
-inline std::vector<std::pair<std::string, double>> as_metrics(const batch_diagnostics& d,
-                                                              const histogram_distance* drift = nullptr,
-                                                              const std::string& prefix = "data/") {
+// distance per codebook (token_tv_q{k}, token_kl_q{k}) and its means. For one batch
+// (batch_diagnostics) or summed over steps (batch_totals).
+template <class Counts>
+  requires std::same_as<Counts, batch_diagnostics> || std::same_as<Counts, batch_totals>
+std::vector<std::pair<std::string, double>> as_metrics(const Counts& d, const histogram_distance* drift = nullptr,
+                                                       const std::string& prefix = "data/") {
   std::vector<std::pair<std::string, double>> out;
-  for (int k = 0; k < d.codebooks; ++k) {
-    const auto& c = d.targets[static_cast<std::size_t>(k)];
+  for (std::size_t k = 0; k < d.targets.size(); ++k) {
+    const auto& c = d.targets[k];
     const std::string q = "_q" + std::to_string(k);
     out.emplace_back(prefix + "pad" + q, c.padding_fraction());
     out.emplace_back(prefix + "pattern_masked" + q, c.pattern_masked_fraction());
