@@ -8,8 +8,11 @@
 //
 // Metadata lines: {"file": "x.npy", "id": "...", "caption": "...", "attributes": {"key": "C"},
 // "group": "...", "embedding": {"file": "clap.npy", "row": 3}}; every field but "file" optional.
+// Examples with the same tokens are packed but warned about: in two splits as a leak (a valid or
+// test loss on training data), twice in one split as a duplicate; manifest.json's provenance lists
+// them ("leaks", "duplicates").
 // Exit status: 0 packed; 1 a fatal error (bad options, unreadable input, nothing packable);
-// 2 packed, but --strict and some inputs were rejected.
+// 2 packed, but --strict and some inputs were rejected or some example leaks across splits.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +47,8 @@ int main(int argc, char** argv) try {
   constexpr auto most_u64 = std::numeric_limits<std::uint64_t>::max();
   CLI::App app{"Packs a directory of codec codes (.npy [K, T], one per example) and optional JSONL metadata into "
                "token shards and manifest.json. Exit status: 0 packed; 1 a fatal error (bad options, unreadable "
-               "input, nothing packable); 2 packed, but --strict and some inputs were rejected.",
+               "input, nothing packable); 2 packed, but --strict and some inputs were rejected or some example "
+               "leaks across splits.",
                "pack_tokens"};
   etude_cli::configure(app);
   app.add_option("--input", input, "directory holding the .npy code arrays")->required();
@@ -71,7 +75,7 @@ int main(int argc, char** argv) try {
       ->default_str("");
   etude_cli::add_integer(app, "--sample-rate", o.codec.sample_rate, 1, most_int, "codec sample rate in Hz")
       ->default_str("");
-  app.add_flag("--strict", strict, "exit 2 when any input is rejected");
+  app.add_flag("--strict", strict, "exit 2 when any input is rejected or any example's tokens are in two splits");
   etude_cli::parse(app, argc, argv);
   o.input = input;
   o.output = output;
@@ -85,6 +89,13 @@ int main(int argc, char** argv) try {
   const auto report = etude::data::pack_directory(o);
   for (const auto& r : report.rejected) std::fprintf(stderr, "rejected %s: %s\n", r.input.c_str(), r.reason.c_str());
   for (const auto& n : report.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  for (const auto& d : report.leaks) std::fprintf(stderr, "warning: %s\n", etude::data::describe(d).c_str());
+  for (const auto& d : report.duplicates) std::fprintf(stderr, "warning: %s\n", etude::data::describe(d).c_str());
+  if (!report.leaks.empty())
+    std::fprintf(stderr,
+                 "warning: %zu leak%s across splits: evaluation on them measures training data; remove the copies or "
+                 "give them one \"group\" in the metadata (listed in manifest.json, provenance.leaks)\n",
+                 report.leaks.size(), report.leaks.size() == 1 ? "" : "s");
   const auto& m = report.result;
   std::printf("packed %llu of %llu inputs into %s (K = %d, card %d, %g frames/s); %zu rejected%s\n",
               static_cast<unsigned long long>(report.packed), static_cast<unsigned long long>(report.inputs),
@@ -94,7 +105,7 @@ int main(int argc, char** argv) try {
     std::printf("  %-8s %6llu examples %10llu frames %4zu shards  fingerprint %s\n", s.name.c_str(),
                 static_cast<unsigned long long>(s.examples()), static_cast<unsigned long long>(s.frames()),
                 s.shards.size(), m.fingerprint(s.name).c_str());
-  return strict && !report.rejected.empty() ? 2 : 0;
+  return strict && (!report.rejected.empty() || !report.leaks.empty()) ? 2 : 0;
 } catch (const etude::error& e) {
   std::fprintf(stderr, "pack_tokens: %s\n", e.what());
   return 1;

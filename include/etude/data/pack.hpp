@@ -2,7 +2,9 @@
 // them) and optional JSONL metadata into token shards and a manifest. Splits are decided per
 // group (by default the file), by hashing group and seed, so related examples stay together and
 // the same inputs always land in the same split. Every input is validated; a rejected input is
-// reported with its reason (and written to rejected.jsonl), never silently dropped.
+// reported with its reason (and written to rejected.jsonl), never silently dropped. Examples with
+// the same tokens (duplicates.hpp) are packed but reported: across splits as leaks, inside one
+// split as duplicates, both listed in the manifest's provenance ("leaks", "duplicates").
 // Not for: encoding audio, or command-line parsing (examples/pack_tokens.cpp).
 #pragma once
 
@@ -23,6 +25,7 @@
 
 #include "etude/data/codec.hpp"
 #include "etude/data/conditions.hpp"
+#include "etude/data/duplicates.hpp"
 #include "etude/core/detail/path_name.hpp"
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/core/detail/xxhash64.hpp"
@@ -57,6 +60,8 @@ struct pack_report {
   std::uint64_t packed = 0;  // examples written
   std::vector<pack_rejection> rejected;
   std::vector<std::string> notes;  // not errors, but worth a line: empty splits, files without metadata
+  std::vector<duplicate> leaks;       // the same tokens in two splits: a validation or test loss on training data
+  std::vector<duplicate> duplicates;  // the same tokens twice in one split
 };
 
 namespace detail {
@@ -224,6 +229,7 @@ inline pack_report pack_directory(const pack_options& o) {
   };
   std::set<std::string> ids;
   std::uint64_t without_meta = 0;
+  duplicate_finder copies;
   for (const auto& file : files) {
     auto reject = [&](const std::string& why) { report.rejected.push_back({file, why}); };
     if (bad_meta.contains(file)) {
@@ -278,6 +284,8 @@ inline pack_report pack_directory(const pack_options& o) {
     }
     writers[s]->add(m.id, std::span<const std::int64_t>(codes.values), codes.frames, m.cond);
     ++report.packed;
+    for (auto& d : copies.add({m.id, names[s], file}, token_content_hash(codes.values, codes.codebooks, codes.frames)))
+      (d.across_splits() ? report.leaks : report.duplicates).push_back(std::move(d));
     if (o.metadata && !described) ++without_meta;
     if (static_cast<std::uint64_t>(writers[s]->size()) >= o.shard_examples) close_shard(s);
   }
@@ -308,6 +316,19 @@ inline pack_report pack_directory(const pack_options& o) {
                   {"seed", o.seed},
                   {"split_ratios", o.split_ratios},
                   {"shard_examples", o.shard_examples}};
+  // Added only when there are any, so that a clean pack's manifest is as before; readers keep
+  // provenance as free-form JSON.
+  auto listed = [](const std::vector<duplicate>& list) {
+    auto one = [](const example_ref& r) { return nlohmann::ordered_json{{"id", r.id}, {"split", r.split}, {"input", r.input}}; };
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& d : list) {
+      char hex[17];
+      a.push_back({{"hash", std::string(etude::detail::hex64(d.hash, hex))}, {"first", one(d.first)}, {"second", one(d.second)}});
+    }
+    return a;
+  };
+  if (!report.leaks.empty()) m.provenance["leaks"] = listed(report.leaks);
+  if (!report.duplicates.empty()) m.provenance["duplicates"] = listed(report.duplicates);
   if (!report.rejected.empty()) {
     m.provenance["rejections"] = "rejected.jsonl";
     std::string lines;
