@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include <etude/data/condition_encoder.hpp>
+#include <etude/data/batch_diagnostics.hpp>
 #include <etude/data/condition_vocab.hpp>
 #include <etude/data/loader.hpp>
 #include <etude/data/synthetic.hpp>
@@ -115,7 +116,9 @@ options parse(int argc, char** argv) {
   etude_cli::add_integer(app, "--diagnostics-every", o.diagnostics_every, 0L, most,
                          "every N steps, gradient norm, update ratio and zero fraction per tensor group into the "
                          "metrics and TensorBoard, and dead-parameter warnings (one extra forward and backward "
-                         "pass on those steps); 0: off");
+                         "pass on those steps), with the batch's padded, pattern-masked and valid targets per "
+                         "codebook, empty and short crops, and the token histogram's distance to the training "
+                         "split's; 0: off");
   etude_cli::add_integer(app, "--dead-after", o.dead_after, 1, 1000000,
                          "with --diagnostics-every: warn about a tensor whose gradient was exactly zero on this many "
                          "consecutive diagnosed steps");
@@ -516,6 +519,12 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   // reduced over the ranks; rank 0 writes them
   etude::track::gradient_diagnostics diagnostics(o.dead_after);
   std::vector<std::string> warnings;
+  // data diagnostics on the same steps: what the batch gives the loss (padding, pattern-masked
+  // targets, empty and short crops; this rank's share under mpirun), and the token histogram of the
+  // steps since the last diagnosis against the training split's
+  std::optional<etude::data::token_drift> drift;
+  if (dataset && o.diagnostics_every > 0)
+    drift.emplace(etude::data::split_histogram(*dataset->split("train")), o.diagnostics_every);
 
   const auto start = std::chrono::steady_clock::now();
   const long first = trainer.steps_done();
@@ -526,13 +535,18 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
         synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))).share(w.rank, w.size)
                   : with_conditions(std::move(*train_loader->next()));
     const bool diagnose = o.diagnostics_every > 0 && (s + 1) % o.diagnostics_every == 0;
+    if (drift) drift->add(batch);
     if (diagnose) diagnostics.before_step(trainer, batch);
     const auto st = trainer.step(batch);
     std::map<std::string, double> gradient_scalars;
     if (diagnose) {
       const auto& report = diagnostics.after_step(trainer, st);
       gradient_scalars = report.scalars();
-      if (board) etude::track::write_tensorboard(*board, report);
+      const auto data = etude::data::diagnose_batch<lm::pattern>(batch);
+      std::optional<etude::data::histogram_distance> tokens;
+      if (drift) tokens = drift->distance();
+      for (auto& [name, value] : etude::data::as_metrics(data, tokens ? &*tokens : nullptr)) gradient_scalars[name] = value;
+      if (board) board->scalars(gradient_scalars, st.step);
       for (const auto& d : report.warnings) {
         std::printf("step %ld: warning: %s\n", st.step, d.message.c_str());
         warnings.push_back("step " + std::to_string(st.step) + ": " + d.message);
@@ -550,7 +564,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
                                                     {"tokens", static_cast<double>(st.tokens)}, {"seconds", sec}},
                                         .arrays = {{"ce_q", st.ce_q}},
                                         .labels = {{"split", "train"}}};
-      line.scalars.merge(gradient_scalars);  // grad/<group>/... on the diagnosed steps
+      line.scalars.merge(gradient_scalars);  // grad/<group>/... and data/... on the diagnosed steps
       metrics->write(line);
     }
     if (board)

@@ -45,6 +45,15 @@ grep -q 'step 4: condition_provider.conditioners.key.embed.weight: gradient exac
   { echo "FAILED: --diagnostics-every: no dead-parameter warning for the key table in run.json"; failed=1; }
 [[ "$(grep -c '"grad/heads/norm"' "$diag_dir/run/metrics.jsonl" 2>/dev/null)" -eq 2 ]] ||
   { echo "FAILED: --diagnostics-every 2: grad/heads/norm not on steps 2 and 4 of metrics.jsonl"; failed=1; }
+# the data diagnostics of the same steps: the delay pattern never predicts the last codebook's first
+# 3 of 16 frames, and synthetic batches have no padding
+python3 - "$diag_dir/run/metrics.jsonl" <<'PY' || { echo "FAILED: --diagnostics-every 2: data/ scalars"; failed=1; }
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "data/pattern_masked_q3" in r]
+assert [r["step"] for r in rows] == [2, 4], rows
+for r in rows:
+    assert r["data/pattern_masked_q3"] == 3 / 16 and r["data/pad_q3"] == 0 and r["data/empty"] == 0, r
+PY
 rm -rf "$diag_dir"
 help=$("$train" --help) || { echo "FAILED: train_tiny --help exited $?"; failed=1; }
 [[ "$help" == *"--checkpoint-every"* && "$help" == *"--run-dir"* ]] || { echo "FAILED: train_tiny --help: $help"; failed=1; }
