@@ -11,13 +11,13 @@
 #include <etude/etude.hpp>
 #include <etude/io/checkpoint.hpp>
 
+#include "timing.hpp"
+
 namespace {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using etude_bench::median;
+
 using lm = etude::model<etude::shape{.codebooks = 4, .card = 2048, .dim = 512, .heads = 8, .layers = 8}>;
 }  // namespace
 

@@ -19,14 +19,13 @@
 #include <etude/dist/mpi.hpp>
 #include <etude/etude.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using etude_bench::median;
 
 template <etude::shape Shape>
 void bench(const char* name, etude::index_t global_batch, etude::index_t frames, int steps, bool zero1,

@@ -12,6 +12,8 @@
 
 #include <etude/etude.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -19,10 +21,7 @@ constexpr etude::shape small{.codebooks = 4, .card = 2048, .dim = 512, .heads = 
 using lm = etude::model<small, etude::pattern::delay<0, 1, 2, 3>>;
 constexpr etude::index_t batch = 4, frames = 512;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using etude_bench::median;
 
 template <class Precision, class Ckpt>
 double bench(int steps, double baseline_ms) {

@@ -14,6 +14,8 @@
 
 #include <etude/etude.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -22,10 +24,7 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using etude_bench::median;
 
 template <etude::shape Shape>
 void bench_step(const char* name, etude::index_t batch, etude::index_t frames, int steps) {

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <span>
+#include <type_traits>
 
 namespace etude::test {
 
@@ -18,6 +20,18 @@ double relative_l2(std::span<A> a, std::span<B> b) {
     den += static_cast<double>(b[i]) * static_cast<double>(b[i]);
   }
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+// The same elements, bit for bit (+0 and −0 differ, a NaN equals its own encoding): the check of
+// the tests that demand exact equality (resume, data parallelism, checkpoint re-cuts).
+template <class A, class B>
+bool same_bits(const A& a, const B& b) {
+  const auto x = std::span(a);
+  const auto y = std::span(b);
+  static_assert(std::is_same_v<std::remove_cv_t<typename decltype(x)::element_type>,
+                               std::remove_cv_t<typename decltype(y)::element_type>>,
+                "same_bits compares two buffers of one element type");
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size_bytes()) == 0;
 }
 
 }  // namespace etude::test

@@ -49,10 +49,7 @@ etude::token_batch uneven_batch(index_t n, bool attributes = false, unsigned see
   return b;
 }
 
-template <class T>
-bool same_bits(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
-}
+using etude::test::same_bits;
 
 struct run_result {
   std::vector<etude::step_stats> stats;
@@ -103,8 +100,8 @@ void check_identical(const run_result& one, const std::vector<run_result>& many)
   for (std::size_t r = 0; r < many.size(); ++r) {
     INFO("rank " << r);
     const run_result& o = many[r];
-    CHECK(same_bits<float>(o.grads, one.grads));
-    CHECK(same_bits<float>(o.params, one.params));
+    CHECK(same_bits(o.grads, one.grads));
+    CHECK(same_bits(o.params, one.params));
     REQUIRE(o.stats.size() == one.stats.size());
     for (std::size_t s = 0; s < one.stats.size(); ++s) {
       INFO("step " << s);
@@ -222,6 +219,9 @@ TEST_CASE("ZeRO-1 keeps one shard of the optimiser's state per rank", "[dist]") 
   CHECK(plain.optimizer_states == 2 * P * 4);
   CHECK(sharded.optimizer_states == 2 * part.size(0) * 4);
   CHECK(sharded.total() < plain.total());
+  // on the host the MPI communicator stages the other rank's contributions to this rank's part
+  CHECK(plain.communication == part.size(0) * 4);
+  CHECK(etude::cpu_trainer<cfg<1>>::plan(2, frames, 1, false).communication == 0);
 }
 
 TEST_CASE("a refused update is refused by every shard, naming the same value, and changes nothing", "[dist]") {
@@ -241,7 +241,7 @@ TEST_CASE("a refused update is refused by every shard, naming the same value, an
     } catch (const etude::non_finite& e) {
       messages[static_cast<std::size_t>(r)] = e.what();
     }
-    unchanged[static_cast<std::size_t>(r)] = same_bits<float>(t.parameters(), before) && t.steps_done() == 0;
+    unchanged[static_cast<std::size_t>(r)] = same_bits(t.parameters(), before) && t.steps_done() == 0;
   });
   CHECK(unchanged == std::vector<int>{1, 1});
   CHECK_THAT(messages[0], Catch::Contains("non-finite") && Catch::Contains("refused"));

@@ -19,37 +19,18 @@
 #include <etude/etude.hpp>
 #include <etude/io/checkpoint.hpp>
 
+#include "../checkpoint_fixture.hpp"
 #include "../data/support.hpp"
+#include "../support.hpp"
 
 namespace fs = std::filesystem;
 using etude::index_t;
 
 namespace {
 
-constexpr etude::shape shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 2, .max_len = 64};
-using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
-using cfg = etude::train_config<lm, etude::accumulate<2>>;
-using trainer_t = etude::cpu_trainer<cfg>;
+using namespace etude::test::checkpoint_fixture;
 
-etude::hyper hyper() {
-  etude::hyper h;
-  h.lr = 3e-3;
-  h.warmup_steps = 2;
-  h.total_steps = 20;
-  return h;
-}
-
-etude::token_batch batch_for(long step) {
-  etude::token_batch b(4, shape.codebooks, 12);
-  etude::rng r(1000 + static_cast<std::uint64_t>(step));
-  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(shape.card));
-  b.mask_at(3, 1, 11) = 0;
-  return b;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using etude::test::same_bits;
 
 std::vector<std::string> quiet_warnings;
 auto collect = [](const std::string& m) { quiet_warnings.push_back(m); };

@@ -938,13 +938,7 @@ class checkpoint_manager {
       }
     }
     if (rejected_.empty()) return std::nullopt;
-    if (!o.discard_unusable) {
-      std::string msg = dir_.string() + ": none of its " + std::to_string(rejected_.size()) +
-                        " checkpoints can be resumed, and starting over was not asked for; nothing was changed:";
-      for (const auto& r : rejected_) msg += "\n  " + r.reason;
-      throw no_usable_checkpoint(msg + "\n(inspect them, or start over from step 0: resume_options::discard_unusable "
-                                       "moves them to " + (dir_ / "rejected").string() + ")");
-    }
+    if (!o.discard_unusable) throw no_usable();
     set_aside(rejected_);
     warn_("starting over from step 0: no checkpoint could be resumed");
     return std::nullopt;
@@ -1059,19 +1053,22 @@ class checkpoint_manager {
       return rs;
     }
     if (rejected_.empty()) return std::nullopt;
-    if (!o.discard_unusable) {
-      std::string msg = dir_.string() + ": none of its " + std::to_string(rejected_.size()) +
-                        " checkpoints can be resumed, and starting over was not asked for; nothing was changed:";
-      for (const auto& r : rejected_) msg += "\n  " + r.reason;
-      throw no_usable_checkpoint(msg + "\n(inspect them, or start over from step 0: resume_options::discard_unusable "
-                                       "moves them to " + (dir_ / "rejected").string() + ")");
-    }
+    if (!o.discard_unusable) throw no_usable();
     if (rank == 0) {
       set_aside(rejected_);
       warn_("starting over from step 0: no checkpoint could be resumed");
     }
     comm.barrier("checkpoint resume: set aside");
     return std::nullopt;
+  }
+
+  // Every checkpoint was rejected and starting over was not asked for (single and distributed resume).
+  no_usable_checkpoint no_usable() const {
+    std::string msg = dir_.string() + ": none of its " + std::to_string(rejected_.size()) +
+                      " checkpoints can be resumed, and starting over was not asked for; nothing was changed:";
+    for (const auto& r : rejected_) msg += "\n  " + r.reason;
+    return no_usable_checkpoint(msg + "\n(inspect them, or start over from step 0: resume_options::discard_unusable "
+                                      "moves them to " + (dir_ / "rejected").string() + ")");
   }
 
   std::filesystem::path commit(const checkpoint_snapshot& s) {

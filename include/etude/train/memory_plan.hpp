@@ -17,7 +17,6 @@
 
 #include <cstdio>
 #include <string>
-#include <string_view>
 #include <type_traits>
 
 #include "etude/core/arena.hpp"
@@ -177,7 +176,7 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   using wire_t = typename policy::comm_t;
   if (options.world_size > 1) {
     if constexpr (!std::is_same_v<wire_t, typename policy::grad_t>) p.communication += P * size(wire_t{});
-    if (std::string_view(Backend::name) == "cpu") p.communication += (options.world_size - 1) * owners.size(0) * size(wire_t{});
+    if constexpr (requires { requires Backend::host_memory; }) p.communication += (options.world_size - 1) * owners.size(0) * size(wire_t{});
   }
   p.reserve = Backend::reserve_bytes;
   return p;

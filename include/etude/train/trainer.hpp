@@ -259,13 +259,14 @@ class trainer {
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
   detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
-  using comm_type_t = typename policy::comm_t;
-  static constexpr bool compressed = !std::is_same_v<comm_type_t, grad_type>;
+  using wire_type = typename policy::comm_t;
+  static constexpr bool compressed = !std::is_same_v<wire_type, grad_type>;
   // data parallelism with a communication dtype of the policy's own (bf16, fp16): the gradients as
   // they travel, rounded once before they leave and summed in float
-  typename executor::template buffer<comm_type_t> wire_;
+  typename executor::template buffer<wire_type> wire_;
   data_parallel dp_;
-  std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank
+  std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank (every
+                                    // entry written each step: this rank's, then the others' by all-gather)
   detail::mirrored<executor, state_type> states_[optimizer_state_count];  // the optimiser's (state_names)
   typename executor::template buffer<compute_type> pos_;  // (S, D) positions of the longest batch so far
   index_t pos_steps_ = 0;  // rows of pos_
@@ -338,7 +339,10 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
       std::copy(kept.begin(), kept.end(), s.host_mutable(exec_).begin());
     }
   }
-  if constexpr (compressed) wire_ = typename executor::template buffer<comm_type_t>(P);
+  if constexpr (compressed) wire_ = typename executor::template buffer<wire_type>(P);
+  // the gradient norm's blocks under zero1 on the host, sized here so that the step allocates nothing
+  if constexpr (requires { Backend::sum_squares_block; })
+    if (dp.zero1) block_sums_.assign(static_cast<std::size_t>((P + Backend::sum_squares_block - 1) / Backend::sum_squares_block), 0.0);
   if constexpr (!executor::host_resident) {
     // a device communicator orders its collectives after the step's work on the step's stream
     static_assert(requires(executor& e) { e.context().stream(); },

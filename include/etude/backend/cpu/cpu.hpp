@@ -46,6 +46,9 @@ struct cpu : cpu_gemm,
              cpu_sgd,
              cpu_step_control {
   static constexpr const char* name = "cpu";
+  // The training state and step buffers are host memory (what a data-parallel communicator on the
+  // host, MPI, exchanges directly; the memory plan counts its staging).
+  static constexpr bool host_memory = true;
   static int threads() { return cpu_detail::threads(); }
   // Bytes the backend holds outside the trainer's buffers (a caching allocator's reserve, a
   // library handle's workspace): none on the CPU.

@@ -258,7 +258,7 @@ struct trainer<Config, Backend>::gradient_flow {
   grad_type* grads;
   const grad_type* micro;   // null for the first microbatch (it wrote into grads)
   communicator* comm;       // null unless this backward's buckets are reduced
-  comm_type_t* wire;        // the policy's communication dtype, when it is not the gradients'
+  wire_type* wire;        // the policy's communication dtype, when it is not the gradients'
   partition owners;
   index_t bucket;
   index_t added = P;  // [added, P) is in grads
@@ -270,7 +270,7 @@ struct trainer<Config, Backend>::gradient_flow {
     if (sent - offset >= bucket || (offset == 0 && sent > 0)) {
       if constexpr (compressed) {
         Backend::copy(wire + offset, static_cast<const grad_type*>(grads + offset), sent - offset);
-        comm->reduce_start(wire, comm_type_of<comm_type_t>(), offset, sent, owners, "gradient bucket");
+        comm->reduce_start(wire, comm_type_of<wire_type>(), offset, sent, owners, "gradient bucket");
       } else {
         comm->reduce_start(grads, comm_type_of<grad_type>(), offset, sent, owners, "gradient bucket");
       }
@@ -317,8 +317,8 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     if constexpr (compressed) {
       // the sums, rounded to the wire's dtype, back into the gradients (all of them, or this shard)
       const index_t from = sharded ? owners.begin(dp_.rank()) : 0, count = sharded ? owners.size(dp_.rank()) : P;
-      if (!sharded) comm->allgather(wire_.data(), comm_type_of<comm_type_t>(), owners, "reduced gradients");
-      Backend::copy(grads + from, static_cast<const comm_type_t*>(wire_.data() + from), count);
+      if (!sharded) comm->allgather(wire_.data(), comm_type_of<wire_type>(), owners, "reduced gradients");
+      Backend::copy(grads + from, static_cast<const wire_type*>(wire_.data() + from), count);
     } else {
       if (!sharded) comm->allgather(grads, comm_type_of<grad_type>(), owners, "reduced gradients");
     }
@@ -336,7 +336,6 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     constexpr index_t block = Backend::sum_squares_block;
     static_assert(partition{}.align % block == 0, "shards must start on a block of the sum of squares");
     const partition blocks{(P + block - 1) / block, dp_.size(), partition{}.align / block};
-    block_sums_.assign(static_cast<std::size_t>(blocks.n), 0.0);
     Backend::sum_squares_blocks(grads + lo, n, block_sums_.data() + lo / block);
     comm->allgather(block_sums_.data(), comm_type::f64, blocks, "gradient norm");
     double total = 0.0;
