@@ -23,6 +23,7 @@
 #include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/activations.hpp"
+#include "etude/model/observer.hpp"
 #include "etude/model/params.hpp"
 #include "etude/ops/gemm.hpp"
 #include "etude/ops/layernorm.hpp"
@@ -112,7 +113,8 @@ struct condition_sizes {
 };
 
 // Policy: a precision policy (config/precision.hpp); Ckpt: a checkpoint policy
-// (config/checkpointing.hpp).
+// (config/checkpointing.hpp). Every pass takes an observer (model/observer.hpp), told after each op
+// what it wrote; the default observes nothing and costs nothing.
 template <class Model, class Backend, class Policy, class Ckpt = checkpointing::none>
 struct transformer {
   static constexpr shape S = Model::shape;
@@ -192,15 +194,33 @@ struct transformer {
     Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws.gemm);
   }
 
+  // What the passes tell an observer.
+  using seen = observed_tensor;
+  static op_site site(const char* op, int layer, pass_phase ph) { return {op, layer, -1, ph, {}, 0}; }
+  static op_site site(const char* op, int layer, pass_phase ph, param_kind w, int count = 1, int codebook = -1) {
+    return {op, layer, codebook, ph, {w, layer, codebook}, count};
+  }
+  template <class T>
+  static seen rows_of(const char* name, const T* p, index_t rows, index_t cols) {
+    return seen::of(name, p, rows, cols, row_space::positions);
+  }
+  static seen grad(const G* g, param_kind kind, int layer = -1, int codebook = -1) {
+    const param_desc& d = params::at(kind, layer, codebook);
+    return seen::gradient(g + d.offset, {kind, layer, codebook}, d.rows, d.cols);
+  }
+
   // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (positions(S), D); saved,
   // work and scratch laid out for B·positions(S) rows. The scratch is free during the forward (the
   // heads write it after).
+  template <class Obs = no_observer>
   static void forward(const W* p, std::byte* saved, std::byte* work, const token_t* seq, const F* pos, index_t batch,
-                      index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {}) {
+                      index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {},
+                      Obs obs = {}) {
+    constexpr pass_phase ph = pass_phase::forward;
     const index_t len = positions(steps), rows = batch * len;
     const W* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
-    if constexpr (conditioned) encode_conditions(p, cd, batch, ws);
+    if constexpr (conditioned) encode_conditions(p, cd, batch, ws, obs);
     A* x0 = layer_at(saved, work, 0, rows).x_in;
     if constexpr (prepended) {
       // the token rows with their positions LC.. in scratch.dx, then each example's condition rows
@@ -211,11 +231,16 @@ struct transformer {
       Backend::embedding_fwd(x0, seq, tables, pos, batch, K, steps, D);
     }
     if constexpr (summed) Backend::add_rows(x0, cd.csum, batch, steps, D);
+    obs(op_site{"embedding", -1, -1, ph, {param_kind::embedding, -1, 0}, K}, {rows_of("x_in", x0, rows, D)});
     for (int l = 0; l < S.layers; ++l)
-      layer_forward(p, l, layer_at(saved, work, l, rows), batch, len, scratch.dh, ws, true, cd);
-    Backend::layernorm_fwd(final_at<A>(saved, final_slot::lnf, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
-                           final_at<F>(saved, final_slot::lnf_rstd, rows), final_at<A>(saved, final_slot::x_out, rows),
+      layer_forward(p, l, layer_at(saved, work, l, rows), batch, len, scratch.dh, ws, true, cd, obs);
+    A* lnf = final_at<A>(saved, final_slot::lnf, rows);
+    F* mean = final_at<F>(saved, final_slot::lnf_mean, rows);
+    F* rstd = final_at<F>(saved, final_slot::lnf_rstd, rows);
+    Backend::layernorm_fwd(lnf, mean, rstd, final_at<A>(saved, final_slot::x_out, rows),
                            param(p, param_kind::out_norm_weight), param(p, param_kind::out_norm_bias), rows, D);
+    obs(site("out_norm", -1, ph, param_kind::out_norm_weight, 2),
+        {rows_of("lnf", lnf, rows, D), rows_of("lnf_mean", mean, rows, 1), rows_of("lnf_rstd", rstd, rows, 1)});
   }
 
   // The condition tensor of a microbatch: each attribute's table row (a zero row for the null
@@ -223,7 +248,9 @@ struct transformer {
   // the condition's positions; padded and null positions zero (AudioCraft multiplies by the
   // mask). Then, with cross-attention, every layer's keys and values; with fuse::sum, the sum of
   // the conditions per example.
-  static void encode_conditions(const W* p, const condition_t& cd, index_t batch, const workspace& ws) {
+  template <class Obs = no_observer>
+  static void encode_conditions(const W* p, const condition_t& cd, index_t batch, const workspace& ws, Obs obs = {}) {
+    constexpr pass_phase ph = pass_phase::forward;
     constexpr index_t ldc = LC * D;
     for (int j = 0; j < conds::count; ++j) {
       const condition_desc& c = conds::list[static_cast<std::size_t>(j)];
@@ -232,6 +259,8 @@ struct transformer {
       if (c.kind == cond::condition_kind::attribute) {
         Backend::condition_gather(cd.rows, param(p, param_kind::cond_table, -1, j), cd.index + c.slot, batch, c.width,
                                   conds::attributes);
+        obs(site("condition_lookup", -1, ph, param_kind::cond_table, 1, j),
+            {seen::of("condition_rows", cd.rows, batch, c.width, row_space::examples)});
         mm(ws, false, true, batch, D, c.width, 1.0, cd.rows, c.width, proj, c.width, 0.0, out, ldc);
       } else {
         for (index_t b = 0; b < batch; ++b)
@@ -240,20 +269,35 @@ struct transformer {
       }
       for (index_t b = 0; b < batch; ++b)
         Backend::bias_rows(out + b * ldc, param(p, param_kind::cond_bias, -1, j), c.positions, D, D);
+      // the projection's weight and bias (consecutive in the table)
+      obs(site("condition_projection", -1, ph, param_kind::cond_proj, 2, j),
+          {seen::of("condition", cd.cond, batch * LC, D, row_space::conditions)});
     }
     Backend::mask_rows(cd.cond, cd.mask, batch * LC, D, D);
+    obs(site("condition_mask", -1, ph), {seen::of("condition", cd.cond, batch * LC, D, row_space::conditions)});
     if constexpr (cross)
-      for (int l = 0; l < S.layers; ++l)
-        mm(ws, false, true, batch * LC, 2 * D, D, 1.0, cd.cond, D, param(p, param_kind::cross_qkv, l) + D * D, D, 0.0,
-           cd.kv + l * batch * LC * 2 * D, 2 * D);
-    if constexpr (summed) Backend::sum_rows(cd.csum, cd.cond, batch, LC, D);
+      for (int l = 0; l < S.layers; ++l) {
+        A* kv = cd.kv + l * batch * LC * 2 * D;
+        mm(ws, false, true, batch * LC, 2 * D, D, 1.0, cd.cond, D, param(p, param_kind::cross_qkv, l) + D * D, D, 0.0, kv,
+           2 * D);
+        obs(site("cross_kv", l, ph, param_kind::cross_qkv),
+            {seen::of("cross_kv", kv, batch * LC, 2 * D, row_space::conditions)});
+      }
+    if constexpr (summed) {
+      Backend::sum_rows(cd.csum, cd.cond, batch, LC, D);
+      obs(site("condition_sum", -1, ph), {seen::of("condition_sum", cd.csum, batch, D, row_space::examples)});
+    }
   }
 
   // Backward of encode_conditions from dcond (every layer's contribution, or fuse::sum's): the
   // projections' and biases' gradients, and the attribute tables' rows that were looked up.
-  static void encode_conditions_bwd(const W* p, G* g, const condition_t& cd, index_t batch, const workspace& ws) {
+  template <class Obs = no_observer>
+  static void encode_conditions_bwd(const W* p, G* g, const condition_t& cd, index_t batch, const workspace& ws,
+                                    Obs obs = {}) {
+    constexpr pass_phase ph = pass_phase::backward;
     constexpr index_t ldc = LC * D;
     Backend::mask_rows(cd.dcond, cd.mask, batch * LC, D, D);
+    obs(site("condition_mask", -1, ph), {seen::of("dcondition", cd.dcond, batch * LC, D, row_space::conditions)});
     for (int j = 0; j < conds::count; ++j) {
       const condition_desc& c = conds::list[static_cast<std::size_t>(j)];
       const A* dout = cd.dcond + c.first_position * D;
@@ -270,10 +314,15 @@ struct transformer {
            cd.rows, c.width);
         Backend::condition_gather_bwd(param(g, param_kind::cond_table, -1, j), cd.rows, cd.index + c.slot, batch,
                                       c.width, conds::attributes);
+        obs(site("condition_projection", -1, ph, param_kind::cond_proj, 2, j),
+            {grad(g, param_kind::cond_table, -1, j), grad(g, param_kind::cond_proj, -1, j),
+             grad(g, param_kind::cond_bias, -1, j)});
       } else {
         for (index_t b = 0; b < batch; ++b)
           mm(ws, true, false, D, c.width, c.positions, 1.0, dout + b * ldc, D,
              cd.embedding + b * conds::embedding_values + c.input_offset, c.width, 1.0, dproj, c.width);
+        obs(site("condition_projection", -1, ph, param_kind::cond_proj, 2, j),
+            {grad(g, param_kind::cond_proj, -1, j), grad(g, param_kind::cond_bias, -1, j)});
       }
     }
   }
@@ -286,63 +335,106 @@ struct transformer {
   // statistics (any of them kept are rewritten with the bits they hold); elsewhere the residual
   // stays in the product (beta 1). Where the backend fuses the GELU epilogue (ops/gemm.hpp),
   // gemm_gelu writes ffn_pre and ffn_act when both are wanted.
+  template <class Obs = no_observer>
   static void layer_forward(const W* p, int l, const layer_view& a, index_t batch, index_t steps, A* free_rows,
-                            const workspace& ws, bool all, const condition_t& cd = {}) {
+                            const workspace& ws, bool all, const condition_t& cd = {}, Obs obs = {}) {
     const index_t rows = batch * steps;
+    const pass_phase ph = all ? pass_phase::forward : pass_phase::recompute;
     auto need = [&](layer_slot s) { return all || !layout::kept(s, l); };
-    if (need(layer_slot::ln1) || need(layer_slot::ln1_mean) || need(layer_slot::ln1_rstd))
+    auto norm_seen = [&](const char* op, param_kind w, const char* x, const A* ln, const char* m, const F* mean,
+                         const char* r, const F* rstd) {
+      obs(site(op, l, ph, w, 2), {rows_of(x, ln, rows, D), rows_of(m, mean, rows, 1), rows_of(r, rstd, rows, 1)});
+    };
+    if (need(layer_slot::ln1) || need(layer_slot::ln1_mean) || need(layer_slot::ln1_rstd)) {
       Backend::layernorm_fwd(a.ln1, a.ln1_mean, a.ln1_rstd, a.x_in, param(p, param_kind::norm1_weight, l),
                              param(p, param_kind::norm1_bias, l), rows, D);
-    if (need(layer_slot::qkv))
+      norm_seen("ln1", param_kind::norm1_weight, "ln1", a.ln1, "ln1_mean", a.ln1_mean, "ln1_rstd", a.ln1_rstd);
+    }
+    if (need(layer_slot::qkv)) {
       mm(ws, false, true, rows, 3 * D, D, 1.0, a.ln1, D, param(p, param_kind::qkv, l), D, 0.0, a.qkv, 3 * D);
-    if (need(layer_slot::att) || need(layer_slot::att_lse))
+      obs(site("qkv", l, ph, param_kind::qkv), {rows_of("qkv", a.qkv, rows, 3 * D)});
+    }
+    if (need(layer_slot::att) || need(layer_slot::att_lse)) {
       Backend::template attention_fwd<S.head_dim()>(a.att, a.att_lse, a.qkv, batch, steps, S.heads, ws.attention,
                                                     ws.attention_size);
+      obs(site("attention", l, ph), {rows_of("att", a.att, rows, D), rows_of("att_lse", a.att_lse, rows, S.heads)});
+    }
     // x_next = x_prev + in·Woutᵀ, then its LayerNorm (residual_layernorm_fwd where the backend
     // fuses it): after self-attention into norm_cross (cross) or norm2, after cross-attention
     // into norm2.
+    // (proj: the out projection's op and weight; norm: the LayerNorm's, and the names of what it writes)
+    struct norm_names {
+      const char *op, *x, *ln, *mean, *rstd;
+      param_kind weight, bias;
+    };
     auto residual_norm = [&](layer_slot x_slot, A* x_next, A* ln, F* mean, F* rstd, const A* x_prev, const A* in,
-                             const W* w_out, const W* norm_w, const W* norm_b, bool want_ln) {
+                             const char* proj, param_kind w_out, const norm_names& nn, bool want_ln) {
+      const W* norm_w = param(p, nn.weight, l);
+      const W* norm_b = param(p, nn.bias, l);
       if (need(x_slot) && ops::fuses_residual_layernorm<Backend>) {
-        mm(ws, false, true, rows, D, D, 1.0, in, D, w_out, D, 0.0, free_rows, D);
+        mm(ws, false, true, rows, D, D, 1.0, in, D, param(p, w_out, l), D, 0.0, free_rows, D);
+        obs(site(proj, l, ph, w_out), {rows_of(proj, free_rows, rows, D)});
         Backend::residual_layernorm_fwd(x_next, ln, mean, rstd, x_prev, free_rows, norm_w, norm_b, rows, D);
+        obs(site(nn.op, l, ph, nn.weight, 2), {rows_of(nn.x, x_next, rows, D), rows_of(nn.ln, ln, rows, D),
+                                               rows_of(nn.mean, mean, rows, 1), rows_of(nn.rstd, rstd, rows, 1)});
       } else {
         if (need(x_slot)) {
           Backend::copy(x_next, x_prev, rows * D);
-          mm(ws, false, true, rows, D, D, 1.0, in, D, w_out, D, 1.0, x_next, D);
+          mm(ws, false, true, rows, D, D, 1.0, in, D, param(p, w_out, l), D, 1.0, x_next, D);
+          obs(site(proj, l, ph, w_out), {rows_of(nn.x, x_next, rows, D)});
         }
-        if (want_ln) Backend::layernorm_fwd(ln, mean, rstd, x_next, norm_w, norm_b, rows, D);
+        if (want_ln) {
+          Backend::layernorm_fwd(ln, mean, rstd, x_next, norm_w, norm_b, rows, D);
+          norm_seen(nn.op, nn.weight, nn.ln, ln, nn.mean, mean, nn.rstd, rstd);
+        }
       }
     };
     const bool ln2 = need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd);
-    const W* out_proj = param(p, param_kind::out_proj, l);
+    constexpr norm_names norm2{"ln2", "x_mid", "ln2", "ln2_mean", "ln2_rstd", param_kind::norm2_weight,
+                                param_kind::norm2_bias};
     if constexpr (cross) {
       const bool lnc = need(layer_slot::lnc) || need(layer_slot::lnc_mean) || need(layer_slot::lnc_rstd);
-      residual_norm(layer_slot::x_sa, a.x_sa, a.lnc, a.lnc_mean, a.lnc_rstd, a.x_in, a.att, out_proj,
-                    param(p, param_kind::norm_cross_weight, l), param(p, param_kind::norm_cross_bias, l), lnc);
+      constexpr norm_names normc{"norm_cross", "x_sa", "lnc", "lnc_mean", "lnc_rstd", param_kind::norm_cross_weight,
+                                    param_kind::norm_cross_bias};
+      residual_norm(layer_slot::x_sa, a.x_sa, a.lnc, a.lnc_mean, a.lnc_rstd, a.x_in, a.att, "out_proj",
+                    param_kind::out_proj, normc, lnc);
       const W* wq = param(p, param_kind::cross_qkv, l);
-      if (need(layer_slot::qc)) mm(ws, false, true, rows, D, D, 1.0, a.lnc, D, wq, D, 0.0, a.qc, D);
-      if (need(layer_slot::attc) || need(layer_slot::attc_lse))
+      if (need(layer_slot::qc)) {
+        mm(ws, false, true, rows, D, D, 1.0, a.lnc, D, wq, D, 0.0, a.qc, D);
+        obs(site("cross_q", l, ph, param_kind::cross_qkv), {rows_of("qc", a.qc, rows, D)});
+      }
+      if (need(layer_slot::attc) || need(layer_slot::attc_lse)) {
         Backend::template cross_attention_fwd<S.head_dim()>(a.attc, a.attc_lse, a.qc, cd.kv + l * batch * LC * 2 * D,
                                                             masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
                                                             steps, LC, S.heads, D, ws.attention, ws.attention_size);
-      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc,
-                    param(p, param_kind::cross_out, l), param(p, param_kind::norm2_weight, l),
-                    param(p, param_kind::norm2_bias, l), ln2);
+        obs(site("cross_attention", l, ph),
+            {rows_of("attc", a.attc, rows, D), rows_of("attc_lse", a.attc_lse, rows, S.heads)});
+      }
+      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc, "cross_out",
+                    param_kind::cross_out, norm2, ln2);
     } else {
-      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, a.att, out_proj,
-                    param(p, param_kind::norm2_weight, l), param(p, param_kind::norm2_bias, l), ln2);
+      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, a.att, "out_proj",
+                    param_kind::out_proj, norm2, ln2);
     }
     const W* ffn_up = param(p, param_kind::ffn_up, l);
     if (need(layer_slot::ffn_pre) && need(layer_slot::ffn_act) && ops::fuses_gemm_gelu<Backend>) {
       Backend::gemm_gelu(false, true, rows, FF, D, a.ln2, D, ffn_up, D, a.ffn_pre, a.ffn_act, FF, ws.gemm);
+      obs(site("ffn_up", l, ph, param_kind::ffn_up),
+          {rows_of("ffn_pre", a.ffn_pre, rows, FF), rows_of("ffn_act", a.ffn_act, rows, FF)});
     } else {
-      if (need(layer_slot::ffn_pre)) mm(ws, false, true, rows, FF, D, 1.0, a.ln2, D, ffn_up, D, 0.0, a.ffn_pre, FF);
-      if (need(layer_slot::ffn_act)) Backend::gelu_fwd(a.ffn_act, a.ffn_pre, rows * FF);
+      if (need(layer_slot::ffn_pre)) {
+        mm(ws, false, true, rows, FF, D, 1.0, a.ln2, D, ffn_up, D, 0.0, a.ffn_pre, FF);
+        obs(site("ffn_up", l, ph, param_kind::ffn_up), {rows_of("ffn_pre", a.ffn_pre, rows, FF)});
+      }
+      if (need(layer_slot::ffn_act)) {
+        Backend::gelu_fwd(a.ffn_act, a.ffn_pre, rows * FF);
+        obs(site("gelu", l, ph), {rows_of("ffn_act", a.ffn_act, rows, FF)});
+      }
     }
     if (all) {
       Backend::copy(a.x_out, a.x_mid, rows * D);
       mm(ws, false, true, rows, D, FF, 1.0, a.ffn_act, FF, param(p, param_kind::ffn_down, l), FF, 1.0, a.x_out, D);
+      obs(site("ffn_down", l, ph, param_kind::ffn_down), {rows_of("x_out", a.x_out, rows, D)});
     }
   }
 
@@ -350,15 +442,22 @@ struct transformer {
   // or −1; with fuse::prepend rows = B·(LC+S) and the prepended rows' targets −1), weighted by *weight. With backward also the head backward: dlnf (B·S, D) =
   // (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf. The weight carries the loss normalisation
   // and, with loss scaling, the scale; weight and loss live where the backend runs.
+  template <class Obs = no_observer>
   static void head(const W* p, G* g, std::byte* saved, A* logits, A* dlnf, const token_t* target, int k,
-                   index_t rows, const F* weight, double* loss, bool backward, const workspace& ws) {
+                   index_t rows, const F* weight, double* loss, bool backward, const workspace& ws, Obs obs = {}) {
     const A* lnf = final_at<A>(saved, final_slot::lnf, rows);
     const W* w = param(p, param_kind::head, -1, k);
     mm(ws, false, true, rows, C, D, 1.0, lnf, D, w, D, 0.0, logits, C);
+    obs(site("head", -1, pass_phase::forward, param_kind::head, 1, k), {rows_of("logits", logits, rows, C)});
     Backend::softmax_xent(logits, target, rows, C, weight, loss);
+    obs({"softmax_xent", -1, k, pass_phase::forward, {}, 0},
+        {rows_of("dlogits", logits, rows, C), seen::of("loss", loss, 1, 1, row_space::scalars)});
     if (backward) {
+      constexpr pass_phase ph = pass_phase::backward;
       mm(ws, false, false, rows, D, C, 1.0, logits, C, w, D, k == 0 ? 0.0 : 1.0, dlnf, D);
+      obs(site("head/dx", -1, ph, param_kind::head, 1, k), {rows_of("dlnf", dlnf, rows, D)});
       mm(ws, true, false, C, D, rows, 1.0, logits, C, lnf, D, 1.0, param(g, param_kind::head, -1, k), D);
+      obs(site("head/dw", -1, ph, param_kind::head, 1, k), {grad(g, param_kind::head, -1, k)});
     }
   }
 
@@ -372,10 +471,11 @@ struct transformer {
   // called whenever the gradients of parameter elements [offset, total) are final (the table's
   // tail first: heads and final norm, then each layer from the last, then the embeddings, then the
   // conditions); the last call is ready(0). Data parallelism starts its bucket reductions there.
-  template <class Ready = no_ready>
+  template <class Ready = no_ready, class Obs = no_observer>
   static void backward(const W* p, G* g, std::byte* saved, std::byte* work, const token_t* seq, index_t batch,
                        index_t steps, const scratch_t& scratch, const workspace& ws, const condition_t& cd = {},
-                       Ready&& ready = {}) {
+                       Ready&& ready = {}, Obs obs = {}) {
+    constexpr pass_phase ph = pass_phase::backward;
     const index_t len = positions(steps), rows = batch * len;
     A* dx = scratch.dx;
     A* dh = scratch.dh;
@@ -387,28 +487,44 @@ struct transformer {
                            final_at<A>(saved, final_slot::x_out, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), param(p, param_kind::out_norm_weight), rows,
                            D);
+    obs(site("out_norm", -1, ph, param_kind::out_norm_weight, 2),
+        {rows_of("dx", dx, rows, D), grad(g, param_kind::out_norm_weight), grad(g, param_kind::out_norm_bias)});
     ready(params::at(param_kind::out_norm_weight, -1, -1).offset);
     for (int l = S.layers - 1; l >= 0; --l) {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
       // write it before they read it
-      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd);
+      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd, obs);
       mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
+      obs(site("ffn_down/dw", l, ph, param_kind::ffn_down), {grad(g, param_kind::ffn_down, l)});
       mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
+      obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_act", dffn, rows, FF)});
       Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
+      obs(site("gelu", l, ph), {rows_of("dffn_pre", dffn, rows, FF)});
       mm(ws, true, false, FF, D, rows, 1.0, dffn, FF, a.ln2, D, 1.0, param(g, param_kind::ffn_up, l), D);
+      obs(site("ffn_up/dw", l, ph, param_kind::ffn_up), {grad(g, param_kind::ffn_up, l)});
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);
+      obs(site("ffn_up/dx", l, ph, param_kind::ffn_up), {rows_of("dln2", dh, rows, D)});
       Backend::layernorm_bwd(dx, param(g, param_kind::norm2_weight, l), param(g, param_kind::norm2_bias, l), dh,
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
-      if constexpr (cross) cross_backward(p, g, l, a, batch, len, scratch, ws, cd);
+      obs(site("ln2", l, ph, param_kind::norm2_weight, 2),
+          {rows_of("dx", dx, rows, D), grad(g, param_kind::norm2_weight, l), grad(g, param_kind::norm2_bias, l)});
+      if constexpr (cross) cross_backward(p, g, l, a, batch, len, scratch, ws, cd, obs);
       mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
+      obs(site("out_proj/dw", l, ph, param_kind::out_proj), {grad(g, param_kind::out_proj, l)});
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
+      obs(site("out_proj/dx", l, ph, param_kind::out_proj), {rows_of("datt", dh, rows, D)});
       Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, len, S.heads,
                                                     ws.attention, ws.attention_size);
+      obs(site("attention", l, ph), {rows_of("dqkv", dqkv, rows, 3 * D)});
       mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, param(g, param_kind::qkv, l), D);
+      obs(site("qkv/dw", l, ph, param_kind::qkv), {grad(g, param_kind::qkv, l)});
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
+      obs(site("qkv/dx", l, ph, param_kind::qkv), {rows_of("dln1", dh, rows, D)});
       Backend::layernorm_bwd(dx, param(g, param_kind::norm1_weight, l), param(g, param_kind::norm1_bias, l), dh,
                              a.x_in, a.ln1_mean, a.ln1_rstd, param(p, param_kind::norm1_weight, l), rows, D);
+      obs(site("ln1", l, ph, param_kind::norm1_weight, 2),
+          {rows_of("dx", dx, rows, D), grad(g, param_kind::norm1_weight, l), grad(g, param_kind::norm1_bias, l)});
       ready(params::at(param_kind::norm1_weight, l, -1).offset);
     }
     G* dtables[K];
@@ -417,17 +533,24 @@ struct transformer {
       // the prepended rows' gradient into dcond, the token rows' into dh (free: the first layer's
       // LayerNorm backward consumed it), so no embedding table sees a condition row
       Backend::prepend_rows_bwd(cd.dcond, dh, dx, batch, LC, steps, D);
+      obs(site("prepend", -1, ph), {seen::of("dcondition", cd.dcond, batch * LC, D, row_space::conditions)});
       Backend::embedding_bwd(dtables, dh, seq, batch, K, steps, D);
     } else {
       Backend::embedding_bwd(dtables, dx, seq, batch, K, steps, D);
+    }
+    {
+      seen tables[K];
+      for (int k = 0; k < K; ++k) tables[k] = grad(g, param_kind::embedding, -1, k);
+      obs(op_site{"embedding", -1, -1, ph, {param_kind::embedding, -1, 0}, K}, std::span<const seen>(tables, K));
     }
     if constexpr (summed) {
       // every condition position of an example was added to each of its positions
       Backend::sum_rows(cd.csum, dx, batch, steps, D);
       Backend::add_rows(cd.dcond, cd.csum, batch, LC, D);
+      obs(site("condition_sum", -1, ph), {seen::of("dcondition", cd.dcond, batch * LC, D, row_space::conditions)});
     }
     ready(params::at(param_kind::embedding, -1, 0).offset);
-    if constexpr (conditioned) encode_conditions_bwd(p, g, cd, batch, ws);
+    if constexpr (conditioned) encode_conditions_bwd(p, g, cd, batch, ws, obs);
     ready(0);
   }
 
@@ -435,8 +558,10 @@ struct transformer {
   // the attention, its query projection and norm_cross; the keys' and values' share of the
   // projection's gradient, and their gradient into dcond. dffn (free once the FFN's backward is
   // done) holds the queries' gradient.
+  template <class Obs = no_observer>
   static void cross_backward(const W* p, G* g, int l, const layer_view& a, index_t batch, index_t steps,
-                             const scratch_t& scratch, const workspace& ws, const condition_t& cd) {
+                             const scratch_t& scratch, const workspace& ws, const condition_t& cd, Obs obs = {}) {
+    constexpr pass_phase ph = pass_phase::backward;
     const index_t rows = batch * steps, crow = batch * LC;
     A* dh = scratch.dh;
     A* dq = scratch.dffn;
@@ -444,17 +569,28 @@ struct transformer {
     G* gq = param(g, param_kind::cross_qkv, l);
     const A* kv = cd.kv + l * crow * 2 * D;
     mm(ws, true, false, D, D, rows, 1.0, scratch.dx, D, a.attc, D, 1.0, param(g, param_kind::cross_out, l), D);
+    obs(site("cross_out/dw", l, ph, param_kind::cross_out), {grad(g, param_kind::cross_out, l)});
     mm(ws, false, false, rows, D, D, 1.0, scratch.dx, D, param(p, param_kind::cross_out, l), D, 0.0, dh, D);
+    obs(site("cross_out/dx", l, ph, param_kind::cross_out), {rows_of("dattc", dh, rows, D)});
     Backend::template cross_attention_bwd<S.head_dim()>(dq, cd.dkv, dh, a.qc, kv, a.attc_lse,
                                                         masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
                                                         steps, LC, S.heads, D, ws.attention, ws.attention_size);
+    obs(site("cross_attention", l, ph),
+        {rows_of("dqc", dq, rows, D), seen::of("dcross_kv", cd.dkv, crow, 2 * D, row_space::conditions)});
     mm(ws, true, false, D, D, rows, 1.0, dq, D, a.lnc, D, 1.0, gq, D);
     mm(ws, true, false, 2 * D, D, crow, 1.0, cd.dkv, 2 * D, cd.cond, D, 1.0, gq + D * D, D);
+    obs(site("cross_qkv/dw", l, ph, param_kind::cross_qkv), {grad(g, param_kind::cross_qkv, l)});
     mm(ws, false, false, crow, D, 2 * D, 1.0, cd.dkv, 2 * D, wq + D * D, D, 1.0, cd.dcond, D);
+    obs(site("cross_kv/dx", l, ph, param_kind::cross_qkv),
+        {seen::of("dcondition", cd.dcond, crow, D, row_space::conditions)});
     mm(ws, false, false, rows, D, D, 1.0, dq, D, wq, D, 0.0, dh, D);
+    obs(site("cross_q/dx", l, ph, param_kind::cross_qkv), {rows_of("dlnc", dh, rows, D)});
     Backend::layernorm_bwd(scratch.dx, param(g, param_kind::norm_cross_weight, l),
                            param(g, param_kind::norm_cross_bias, l), dh, a.x_sa, a.lnc_mean, a.lnc_rstd,
                            param(p, param_kind::norm_cross_weight, l), rows, D);
+    obs(site("norm_cross", l, ph, param_kind::norm_cross_weight, 2),
+        {rows_of("dx", scratch.dx, rows, D), grad(g, param_kind::norm_cross_weight, l),
+         grad(g, param_kind::norm_cross_bias, l)});
   }
 };
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -46,6 +47,7 @@
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
 #include "etude/train/stats.hpp"
+#include "etude/train/step_observer.hpp"
 
 namespace etude {
 
@@ -115,13 +117,27 @@ class trainer {
   // scaling, or an update from finite gradients that would store a non-finite parameter, moment
   // or working-copy value (the optimiser's check, ops/adamw.hpp) throw non_finite, naming the
   // tensor, and leave parameters, optimiser state, step count and loss scale bit-identical (the
-  // gradients cleared, as after a good step).
+  // gradients cleared, as after a good step). A non-finite loss or gradient is then located: the
+  // step's passes are replayed on this rank's batch with every op's output checked
+  // (locate_non_finite), and the error names the first op, tensor, example and position that
+  // held a non-finite value, and the weight it came from (locate_failures(false) skips that).
   step_stats step(const batch_view& batch);
+  // The same step run eagerly (never a captured graph) with `observer` told every op: its time
+  // and, when it reads values, what it wrote and read (train/step_observer.hpp). The same bits.
+  step_stats step(const batch_view& batch, step_observer& observer);
 
   // Loss and gradients of a batch, exactly as step() computes them (scaled by the current loss
   // scale, which stats.scale reports), without updating anything but the gradient buffer
   // (overwritten). For gradient checks, parity tests and diagnostics.
   step_stats loss_and_gradients(const batch_view& batch);
+  step_stats loss_and_gradients(const batch_view& batch, step_observer& observer);
+
+  // Replays loss_and_gradients on this rank's share of the batch, op by op, and returns where the
+  // first non-finite value appeared (nothing when every value is finite). Local to this rank (no
+  // collective: the loss is normalised by this rank's counts, which changes no finiteness).
+  // Leaves the training state as it was and the gradients cleared. ids: the batch's example ids.
+  std::optional<non_finite_origin> locate_non_finite(const batch_view& batch, const std::string* ids = nullptr);
+  void locate_failures(bool on) { locate_ = on; }
 
   // Validation: forward and loss only, in chunks of the microbatch size. Touches no parameter,
   // gradient or optimiser state. Refuses what step() refuses: a batch check_batch refuses, a
@@ -239,11 +255,18 @@ class trainer {
   // Data parallelism: every rank's counts summed (before any backward: they weight the loss).
   void share_counts(step_token_counts& tc, index_t batch_size) const;
   // The gradient flow of one microbatch's backward (transformer::backward's ready hook).
+  template <class Obs>
   struct gradient_flow;
-  step_stats training_pass(const batch_view& batch, bool update);
+  // A step_observer behind the model's pass_observer: times every op and reads back its tensors.
+  class host_observer;
+  step_stats step_with(const batch_view& batch, step_observer* observer);
+  step_stats training_pass(const batch_view& batch, bool update, step_observer* observer = nullptr);
   void write_scalars(const step_token_counts& tc, double lr);
-  void enqueue(int slot, index_t nb, index_t steps, bool update);
-  void launch(int slot, index_t nb, index_t steps, bool update);
+  template <class Obs>
+  void enqueue(int slot, index_t nb, index_t steps, bool update, Obs obs);
+  void launch(int slot, index_t nb, index_t steps, bool update, step_observer* observer);
+  // The communicator a step's collectives go to: none in a local replay.
+  communicator* comm() const { return local_ ? nullptr : dp_.comm; }
   step_stats loss_stats(const step_token_counts& tc, const batch_view& batch) const;
   std::string first_non_finite_gradient() const;
   non_finite refused_update(index_t key, double lr) const;
@@ -265,6 +288,8 @@ class trainer {
   // they travel, rounded once before they leave and summed in float
   typename executor::template buffer<wire_type> wire_;
   data_parallel dp_;
+  bool local_ = false;   // a replay on this rank alone (locate_non_finite)
+  bool locate_ = true;   // step() locates a non-finite loss or gradient
   std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank (every
                                     // entry written each step: this rank's, then the others' by all-gather)
   detail::mirrored<executor, state_type> states_[optimizer_state_count];  // the optimiser's (state_names)
@@ -357,8 +382,18 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
 
 template <class Config, class Backend>
 step_stats trainer<Config, Backend>::step(const batch_view& batch) {
+  return step_with(batch, nullptr);
+}
+
+template <class Config, class Backend>
+step_stats trainer<Config, Backend>::step(const batch_view& batch, step_observer& observer) {
+  return step_with(batch, &observer);
+}
+
+template <class Config, class Backend>
+step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_observer* observer) {
   [[maybe_unused]] const auto guard = exec_.enter();
-  step_stats st = training_pass(batch, true);
+  step_stats st = training_pass(batch, true, observer);
   const step_decision& d = control_.host_results().decision;
   if ((d.status & step_update_not_finite) != 0) {
     // finite gradients whose update would overflow: the check skipped the update and the step
@@ -378,9 +413,12 @@ step_stats trainer<Config, Backend>::step(const batch_view& batch) {
     }
     // the step skipped the update and kept the gradients for this report
     const std::string where = first_non_finite_gradient();
+    const bool loss = (d.status & step_loss_not_finite) != 0;
     Backend::fill_zero(grads_.device(), P);
     grads_.device_changed();
-    throw detail::non_finite_step(step_, (d.status & step_loss_not_finite) != 0, where);
+    std::optional<non_finite_origin> origin;
+    if (locate_) origin = locate_non_finite(batch);
+    throw detail::non_finite_step(step_, loss, where, origin ? origin->describe() : std::string());
   }
   st.clip_coef = d.clip_coef;
   ++step_;
@@ -399,11 +437,35 @@ step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch)
   return training_pass(batch, false);
 }
 
+template <class Config, class Backend>
+step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch, step_observer& observer) {
+  [[maybe_unused]] const auto guard = exec_.enter();
+  return training_pass(batch, false, &observer);
+}
+
+template <class Config, class Backend>
+std::optional<non_finite_origin> trainer<Config, Backend>::locate_non_finite(const batch_view& batch,
+                                                                             const std::string* ids) {
+  [[maybe_unused]] const auto guard = exec_.enter();
+  non_finite_locator locator(ids, dp_.rank() * batch.batch);
+  local_ = true;
+  try {
+    training_pass(batch, false, &locator);
+  } catch (...) {
+    local_ = false;
+    throw;
+  }
+  local_ = false;
+  Backend::fill_zero(grads_.device(), P);
+  grads_.device_changed();
+  return locator.origin();
+}
+
 // What step() and loss_and_gradients() share: the batch staged (or taken from a prefetch), its
 // valid-target counts, the scalars written, the body run (with the update when `update`), and the
 // statistics of the pass before the host's decision on the result.
 template <class Config, class Backend>
-step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool update) {
+step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool update, step_observer* observer) {
   check_batch_buffers(batch, "training batch");  // pending_slot compares the tokens: sizes first
   int slot = exec_.pending_slot(staged_view(batch));  // a prefetch checked the rest
   // a prefetch laid the conditions out with the dropout coins of the pass it expected; another
@@ -412,12 +474,12 @@ step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool
     if (slot >= 0 && staged_draw_[static_cast<std::size_t>(slot)] != dropout_draw()) slot = -1;
   if (slot < 0) slot = stage_training_batch(batch, false);
   const pattern_plan& plan = plan_for(batch.frames);
-  step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm, dp_.comm == nullptr);
-  if (dp_.comm != nullptr) share_counts(counts, batch.batch);
+  step_token_counts counts = count_step_tokens(batch, plan, microbatches, Config::norm, comm() == nullptr);
+  if (comm() != nullptr) share_counts(counts, batch.batch);
   const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
   prepare_state();
   write_scalars(counts, lr);
-  launch(slot, batch.batch / microbatches, plan.steps, update);
+  launch(slot, batch.batch / microbatches, plan.steps, update, observer);
   step_stats st = loss_stats(counts, batch);
   st.scale = scaler_.scale;
   st.grad_norm = std::sqrt(control_.host_results().decision.sum_squares) / scaler_.scale;

@@ -145,10 +145,12 @@ struct loss_scaler {
 };
 
 // The error of a step whose loss or gradients are not finite (where: the first bad tensor).
-inline non_finite non_finite_step(long step, bool loss, const std::string& where) {
+// origin: where the replay found the first non-finite value (non_finite_origin::describe), if run.
+inline non_finite non_finite_step(long step, bool loss, const std::string& where, const std::string& origin = {}) {
   return non_finite("step " + std::to_string(step) + ": " + (loss ? "loss" : "gradient") + " is not finite" +
                     (where.empty() ? std::string{} : " (first in " + where + ")") +
-                    "; no parameter or optimiser state was changed. Lower the learning rate, check the data, or "
+                    (origin.empty() ? std::string{} : ". Replayed op by op on this rank: " + origin) +
+                    ". No parameter or optimiser state was changed. Lower the learning rate, check the data, or "
                     "use a loss-scaled precision policy");
 }
 

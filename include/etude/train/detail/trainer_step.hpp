@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -254,7 +255,9 @@ void trainer<Config, Backend>::share_counts(step_token_counts& tc, index_t batch
 // the last microbatch of a data-parallel step it is reduced over ranks in buckets of at least
 // bucket_bytes, each started as soon as it is complete.
 template <class Config, class Backend>
+template <class Obs>
 struct trainer<Config, Backend>::gradient_flow {
+  Obs obs;
   grad_type* grads;
   const grad_type* micro;   // null for the first microbatch (it wrote into grads)
   communicator* comm;       // null unless this backward's buckets are reduced
@@ -264,7 +267,10 @@ struct trainer<Config, Backend>::gradient_flow {
   index_t added = P;  // [added, P) is in grads
   index_t sent = P;   // [sent, P) is being reduced
   void operator()(index_t offset) {
-    if (micro != nullptr) Backend::accumulate(grads + offset, micro + offset, added - offset);
+    if (micro != nullptr) {
+      Backend::accumulate(grads + offset, micro + offset, added - offset);
+      obs({"accumulate_gradients", -1, -1, pass_phase::step, {}, 0});
+    }
     added = offset;
     if (comm == nullptr) return;
     if (sent - offset >= bucket || (offset == 0 && sent > 0)) {
@@ -277,14 +283,94 @@ struct trainer<Config, Backend>::gradient_flow {
       sent = offset;
     }
     comm->progress();
+    obs({"gradient_reduction", -1, -1, pass_phase::step, {}, 0});
   }
+};
+
+// Tells a step_observer what the model's passes tell a pass_observer: the time of every op (the
+// device synchronised first) and, when the observer reads values, each tensor the op wrote and
+// each weight it read, downloaded and widened to float.
+template <class Config, class Backend>
+class trainer<Config, Backend>::host_observer final : public pass_observer {
+ public:
+  host_observer(trainer& t, step_observer& to) : t_(t), to_(to), last_(clock::now()) {}
+
+  void begin(const pass_shape& s) override { to_.begin(s); }
+
+  void op(const op_site& site, std::span<const observed_tensor> wrote) override {
+    if constexpr (!executor::host_resident) t_.exec_.context().synchronize();
+    const auto end = clock::now();
+    const double seconds = std::chrono::duration<double>(end - last_).count();
+    tensors_.clear();
+    weights_.clear();
+    if (to_.reads_values()) {
+      std::size_t used = 0;
+      for (const observed_tensor& w : wrote) {
+        host_tensor h;
+        h.seen = &w;
+        if (w.space == row_space::parameter) {
+          h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
+          h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
+        } else {
+          h.name = w.name;
+        }
+        h.values = read(w.data, w.type, w.size(), used);
+        tensors_.push_back(std::move(h));
+      }
+      if (site.weights > 0) {
+        const auto first = params::index_of(site.weight.kind, site.weight.layer, site.weight.codebook);
+        for (std::size_t i = first; i < first + static_cast<std::size_t>(site.weights) && i < params::count; ++i) {
+          const param_desc& d = params::entries[i];
+          weights_.push_back({static_cast<int>(i), param_name(d), d.rows, d.cols,
+                              read(t_.weights() + d.offset, stored_type_of<param_type>(), d.numel(), used)});
+        }
+      }
+    } else {
+      for (const observed_tensor& w : wrote) tensors_.push_back({&w, w.name, -1, {}});
+    }
+    to_.op({site, seconds, std::chrono::duration<double>(end - start_).count(), tensors_, weights_});
+    last_ = clock::now();  // the observer's own time is no op's
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  // n values of a tensor as float on the host (f32 in host memory: the tensor itself)
+  std::span<const float> read(const void* data, stored_type type, index_t n, std::size_t& used) {
+    if (type == stored_type::f32 && executor::host_resident) return {static_cast<const float*>(data), static_cast<std::size_t>(n)};
+    if (buffers_.size() <= used) buffers_.resize(used + 1);
+    std::vector<float>& out = buffers_[used++];
+    out.resize(static_cast<std::size_t>(n));
+    auto widen = [&]<class T>(const T* src) {
+      std::vector<T> host(static_cast<std::size_t>(n));
+      t_.exec_.download(host.data(), src, n);
+      for (index_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(host[static_cast<std::size_t>(i)]);
+    };
+    switch (type) {
+      case stored_type::f32: widen(static_cast<const float*>(data)); break;
+      case stored_type::f64: widen(static_cast<const double*>(data)); break;
+      case stored_type::bf16: widen(static_cast<const bf16*>(data)); break;
+      case stored_type::f16: widen(static_cast<const fp16*>(data)); break;
+      case stored_type::i32: widen(static_cast<const std::int32_t*>(data)); break;
+    }
+    return out;
+  }
+
+  trainer& t_;
+  step_observer& to_;
+  clock::time_point last_;
+  clock::time_point start_ = last_;
+  std::vector<host_tensor> tensors_;
+  std::vector<host_weight> weights_;
+  std::vector<std::vector<float>> buffers_;
 };
 
 // Every operation of a step, in order, with no host synchronisation and no allocation: what a
 // graph captures and what an eager step runs. update = false stops after the gradient norm
-// (loss_and_gradients).
+// (loss_and_gradients). obs is told every op (no_observer: nothing, at no cost).
 template <class Config, class Backend>
-void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool update) {
+template <class Obs>
+void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool update, Obs obs) {
   const index_t rows = nb * net::positions(steps);  // the heads see fuse::prepend's rows too
   const auto sz = workspace_layout::sizes(nb, steps, threads());
   control_.begin();
@@ -292,22 +378,30 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   const scalars_t* c = control_.scalars();
   grad_type* grads = grads_.device();
   grad_type* micro = micro_grads_.device();
-  communicator* comm = dp_.comm;
+  communicator* comm = this->comm();
+  auto step_op = [&](const char* op) { obs({op, -1, -1, pass_phase::step, {}, 0}); };
   const partition owners{P, dp_.size()};  // who sums which gradients (and, under zero1, updates them)
   const auto bucket = std::max<index_t>(1, static_cast<index_t>(dp_.bucket_bytes / sizeof(grad_type)));
   Backend::fill_zero(grads, P);
+  step_op("clear_gradients");
   const microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
     grad_type* g = m == 0 ? grads : micro;
-    if (m > 0) Backend::fill_zero(micro, P);
+    obs.begin({m, nb, dp_.rank() * nb * microbatches + m * nb, steps, net::positions(steps), net::prefix,
+               model::conditions::positions, S.heads});
+    if (m > 0) {
+      Backend::fill_zero(micro, P);
+      step_op("clear_gradients");
+    }
     exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.inputs());
-    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
+    step_op("load_inputs");
+    net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond, obs);
     for (int k = 0; k < K; ++k)
       net::head(weights(), g, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
-                &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops);
-    gradient_flow flow{grads, m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr, wire_.data(), owners,
-                       bucket};
-    net::backward(weights(), g, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond, flow);
+                &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops, obs);
+    gradient_flow<Obs> flow{obs,   grads,  m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr,
+                            wire_.data(), owners, bucket};
+    net::backward(weights(), g, w.saved, w.work, w.seq, nb, steps, w.scratch, w.ops, w.cond, flow, obs);
   }
   const double* losses = r->loss;
   // under zero1 a step that updates keeps the reduced gradients of its own shard only
@@ -325,6 +419,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     Backend::copy(r->global_loss, static_cast<const double*>(r->loss), N);
     comm->allreduce(r->global_loss, static_cast<std::size_t>(N), "losses");
     losses = r->global_loss;
+    step_op("gradient_reduction");
   }
   const partition sh = shards();
   const index_t lo = sharded ? sh.begin(dp_.rank()) : 0, n = sharded ? sh.size(dp_.rank()) : P;
@@ -345,8 +440,10 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     Backend::sum_squares(grads + lo, n, &r->decision.sum_squares);
     comm->allreduce(&r->decision.sum_squares, 1, "gradient norm");
   }
+  step_op("gradient_norm");
   if (update) {
     Backend::step_control(&c->limits, losses, N, &r->decision);
+    step_op("step_control");
     // under a mixed policy the update also writes the rounded working copy
     param_type* working = nullptr;
     if constexpr (policy::has_master) working = working_.device() + lo;
@@ -356,6 +453,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     // an update from finite gradients that would overflow is refused here, before it writes
     optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
                                        state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working));
+    step_op("update_check");
     if (sharded) {
       // each rank checked its shard: every rank skips if one refuses, and names the same value
       Backend::share_refusal(&r->decision, lo, &r->refusal);
@@ -364,12 +462,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     }
     optimizer::template update<Backend>(master, grads + lo, state, n, &c->optimizer, &r->decision.grad_scale,
                                         &r->decision.skip, working);
+    step_op(optimizer::name);
     if (sharded) {
       comm->allgather(master_.device(), comm_type_of<value_type>(), sh, "updated weights");
       if constexpr (policy::has_master)
         comm->allgather(working_.device(), comm_type_of<param_type>(), sh, "updated working weights");
     }
+    if (sharded) step_op("gather_weights");
     Backend::clear_unless(grads, P, &r->decision.keep);
+    step_op("clear_gradients");
   }
   control_.end();
 }
@@ -378,9 +479,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
 // which waits for it: the one synchronisation of a step, after it, for the statistics and the
 // loss scaler.
 template <class Config, class Backend>
-void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool update) {
+void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool update, step_observer* observer) {
   reserve_shape(nb, steps);
-  exec_.run(slot, nb, steps, update, [&] { enqueue(slot, nb, steps, update); });
+  if (observer == nullptr) {
+    exec_.run(slot, nb, steps, update, [&] { enqueue(slot, nb, steps, update, no_observer{}); });
+  } else {
+    // observed: eagerly, never as a captured graph
+    host_observer seen(*this, *observer);
+    exec_.run(slot, nb, steps, false, [&] { enqueue(slot, nb, steps, update, observer_ref{&seen}); });
+  }
   grads_.device_changed();
   if constexpr (policy::has_master) working_.device_changed();
   note_memory(workspace_layout::sizes(nb, steps, threads()).total());
@@ -390,7 +497,7 @@ template <class Config, class Backend>
 step_stats trainer<Config, Backend>::loss_stats(const step_token_counts& tc, const batch_view& batch) const {
   const results_t& r = control_.host_results();
   // data parallelism: the sums of every rank (global_loss), the means of every rank's microbatches
-  const double* global = dp_.comm != nullptr ? r.global_loss : r.loss;
+  const double* global = comm() != nullptr ? r.global_loss : r.loss;
   std::vector<double> sums(K, 0.0), means(K, 0.0);
   for (int m = 0; m < microbatches; ++m)
     for (int k = 0; k < K; ++k) {
@@ -403,7 +510,7 @@ step_stats trainer<Config, Backend>::loss_stats(const step_token_counts& tc, con
   detail::fill_stats<K>(st, sums, tc.totals, batch);
   st.frames *= dp_.size();
   if constexpr (Config::norm != loss_norm::tokens) {
-    if (dp_.comm != nullptr) {
+    if (comm() != nullptr) {
       dp_.comm->allreduce_host(means.data(), means.size(), "microbatch means");
       for (double& v : means) v /= dp_.size();
     }

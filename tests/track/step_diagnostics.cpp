@@ -1,0 +1,199 @@
+// Observing a step op by op (train/step_observer.hpp) and what is built on it: the non-finite
+// locator (a planted NaN weight in layer 2's FFN and a planted NaN embedding row, each named as
+// the op, tensor and weight element it came from, the training state bit-identical afterwards),
+// observed steps bit-identical to plain ones, activation statistics and attention entropy against
+// a direct computation (track/activation_stats.hpp), and the Chrome trace (track/trace.hpp): valid
+// trace JSON whose op times sum to the step's time.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <etude/etude.hpp>
+
+#include "../support.hpp"
+
+using etude::index_t;
+
+namespace {
+
+constexpr etude::shape tiny{.codebooks = 4, .card = 32, .dim = 32, .heads = 4, .layers = 3};
+using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
+using cfg = etude::train_config<lm>;
+using trainer_t = etude::trainer<cfg, etude::backend::cpu>;
+using params = lm::params;
+
+etude::token_batch make_batch(index_t batch, index_t frames, std::uint64_t seed) {
+  etude::token_batch b(batch, tiny.codebooks, frames);
+  etude::rng r(seed);
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
+  return b;
+}
+
+struct state_copy {
+  std::vector<float> params, m, v;
+  long steps;
+  explicit state_copy(const trainer_t& t)
+      : params(t.parameters().begin(), t.parameters().end()),
+        m(t.optimizer_state(0).begin(), t.optimizer_state(0).end()),
+        v(t.optimizer_state(1).begin(), t.optimizer_state(1).end()),
+        steps(t.steps_done()) {}
+  bool same(const trainer_t& t) const {
+    return etude::test::same_bits(params, t.parameters()) && etude::test::same_bits(m, t.optimizer_state(0)) &&
+           etude::test::same_bits(v, t.optimizer_state(1)) && steps == t.steps_done();
+  }
+};
+
+// Records every op it is told, and whether any output was not finite.
+struct recorder final : etude::step_observer {
+  bool values = true;
+  std::vector<etude::op_site> sites;
+  std::vector<double> seconds;
+  int passes = 0;
+  bool reads_values() const override { return values; }
+  void begin(const etude::pass_shape&) override { ++passes; }
+  void op(const etude::observed_op& op) override {
+    sites.push_back(op.site);
+    seconds.push_back(op.seconds);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a planted non-finite weight in layer 2's FFN is located as that op and tensor", "[diagnostics][locate]") {
+  trainer_t tr;
+  const auto batch = make_batch(4, 12, 1);
+  tr.step(batch);
+  const etude::param_desc& up = params::at(etude::param_kind::ffn_up, 2);
+  const index_t row = 5, col = 7;
+  tr.tensor(up)[static_cast<std::size_t>(row * up.cols + col)] = std::numeric_limits<float>::quiet_NaN();
+  const state_copy before(tr);
+
+  std::string message;
+  try {
+    tr.step(batch);
+  } catch (const etude::non_finite& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("loss is not finite") != std::string::npos);
+  CHECK(message.find("layer 2 ffn_up (forward)") != std::string::npos);
+  CHECK(message.find("transformer.layers.2.linear1.weight") != std::string::npos);
+  CHECK(message.find("row 5, column 7") != std::string::npos);
+  CHECK(before.same(tr));
+  CHECK(std::all_of(tr.gradients().begin(), tr.gradients().end(), [](float g) { return g == 0.0f; }));
+
+  const auto origin = tr.locate_non_finite(batch);
+  REQUIRE(origin.has_value());
+  CHECK(std::string(origin->site.op) == "ffn_up");
+  CHECK(origin->site.layer == 2);
+  CHECK(origin->site.phase == etude::pass_phase::forward);
+  CHECK(origin->tensor == "ffn_pre");
+  CHECK(origin->value == "nan");
+  CHECK(origin->weight == "transformer.layers.2.linear1.weight");
+  CHECK(origin->weight_row == row);
+  CHECK(origin->weight_col == col);
+  // row 5 of linear1 makes column 5 of ffn_pre; every position reads it, so the first is example 0
+  CHECK(origin->col == row);
+  CHECK(origin->example == 0);
+  CHECK(origin->position == 0);
+  CHECK(before.same(tr));
+
+  // nothing to find once the weight is finite again; the step then trains as before
+  tr.tensor(up)[static_cast<std::size_t>(row * up.cols + col)] = 0.0f;
+  CHECK_FALSE(tr.locate_non_finite(batch).has_value());
+  CHECK_NOTHROW(tr.step(batch));
+}
+
+TEST_CASE("a planted NaN token embedding row is located as that row, with the example that read it",
+          "[diagnostics][locate]") {
+  trainer_t tr;
+  auto batch = make_batch(4, 12, 2);
+  // token 9 of codebook 1 only in example 2, frame 4 (the delay pattern's step 0 is special and
+  // codebook 1 lags one more step: sequence position 6)
+  for (index_t e = 0; e < batch.batch; ++e)
+    for (index_t t = 0; t < batch.frames; ++t) {
+      auto& tok = batch.tokens[static_cast<std::size_t>((e * tiny.codebooks + 1) * batch.frames + t)];
+      if (tok == 9) tok = 10;
+    }
+  batch.tokens[static_cast<std::size_t>((2 * tiny.codebooks + 1) * batch.frames + 4)] = 9;
+  const etude::param_desc& emb = params::at(etude::param_kind::embedding, -1, 1);
+  for (index_t c = 0; c < emb.cols; ++c) tr.tensor(emb)[static_cast<std::size_t>(9 * emb.cols + c)] = std::numeric_limits<float>::infinity();
+  const state_copy before(tr);
+
+  const std::vector<std::string> ids = {"a", "b", "bwv253.3", "d"};
+  const auto origin = tr.locate_non_finite(batch, ids.data());
+  REQUIRE(origin.has_value());
+  INFO(origin->describe());
+  CHECK(std::string(origin->site.op) == "embedding");
+  CHECK(origin->site.phase == etude::pass_phase::forward);
+  CHECK(origin->tensor == "x_in");
+  CHECK(origin->weight == "emb.1.weight");
+  CHECK(origin->weight_row == 9);
+  CHECK(origin->weight_value == "inf");
+  CHECK(origin->example == 2);
+  CHECK(origin->example_id == "bwv253.3");
+  CHECK(origin->position == 6);
+  CHECK(origin->describe().find("'bwv253.3'") != std::string::npos);
+  CHECK(before.same(tr));
+  CHECK_THROWS_AS(tr.step(batch), etude::non_finite);
+  CHECK(before.same(tr));
+}
+
+TEST_CASE("an overflow from finite weights is located at the op that made it", "[diagnostics][locate]") {
+  trainer_t tr;
+  const auto batch = make_batch(2, 8, 3);
+  // a huge but finite weight: layer 1's attention output projection overflows the residual stream
+  const etude::param_desc& out = params::at(etude::param_kind::out_proj, 1);
+  for (auto& w : tr.tensor(out)) w = 3e38f;
+  tr.locate_failures(false);
+  std::string message;
+  try {
+    tr.step(batch);
+  } catch (const etude::non_finite& e) {
+    message = e.what();
+  }
+  CHECK(message.find("Replayed") == std::string::npos);  // locating was switched off
+  const auto origin = tr.locate_non_finite(batch);
+  REQUIRE(origin.has_value());
+  INFO(origin->describe());
+  CHECK(std::string(origin->site.op) == "out_proj");
+  CHECK(origin->site.layer == 1);
+  CHECK(origin->weight.empty());
+  CHECK(origin->describe().find("from finite inputs") != std::string::npos);
+}
+
+TEST_CASE("an observed step is the step: same bits, every op told once per microbatch", "[diagnostics][observe]") {
+  using acc_cfg = etude::train_config<lm, etude::accumulate<2>>;
+  etude::trainer<acc_cfg, etude::backend::cpu> plain, timed, read;
+  const auto batch = make_batch(4, 10, 4);
+  recorder timing, values;
+  timing.values = false;
+  for (int s = 0; s < 3; ++s) {
+    const auto a = plain.step(batch);
+    const auto b = timed.step(batch, timing);
+    const auto c = read.step(batch, values);
+    CHECK(a.ce == b.ce);
+    CHECK(a.ce == c.ce);
+  }
+  CHECK(etude::test::same_bits(plain.parameters(), timed.parameters()));
+  CHECK(etude::test::same_bits(plain.parameters(), read.parameters()));
+  CHECK(timing.passes == 6);  // 3 steps of 2 microbatches
+  CHECK(timing.sites.size() == values.sites.size());
+  // per step: each layer's forward ops and backward ops, the heads, the optimiser
+  auto count = [&](const char* op, etude::pass_phase ph) {
+    return std::count_if(timing.sites.begin(), timing.sites.end(),
+                         [&](const etude::op_site& s) { return std::string(s.op) == op && s.phase == ph; });
+  };
+  CHECK(count("ffn_up", etude::pass_phase::forward) == 3 * 2 * tiny.layers);
+  CHECK(count("attention", etude::pass_phase::backward) == 3 * 2 * tiny.layers);
+  CHECK(count("head", etude::pass_phase::forward) == 3 * 2 * tiny.codebooks);
+  CHECK(count("embedding", etude::pass_phase::backward) == 3 * 2);
+  CHECK(count("accumulate_gradients", etude::pass_phase::step) > 0);
+  CHECK(count("adamw", etude::pass_phase::step) == 3);
+  CHECK(std::all_of(timing.seconds.begin(), timing.seconds.end(), [](double s) { return s >= 0.0; }));
+}
