@@ -8,12 +8,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <etude/etude.hpp>
+#include <etude/track/activation_stats.hpp>
+#include <etude/track/trace.hpp>
 
 #include "../support.hpp"
 
@@ -196,4 +202,155 @@ TEST_CASE("an observed step is the step: same bits, every op told once per micro
   CHECK(count("accumulate_gradients", etude::pass_phase::step) > 0);
   CHECK(count("adamw", etude::pass_phase::step) == 3);
   CHECK(std::all_of(timing.seconds.begin(), timing.seconds.end(), [](double s) { return s >= 0.0; }));
+}
+
+namespace {
+
+// Keeps a copy of every forward tensor, by layer and name.
+struct keeper final : etude::step_observer {
+  std::map<std::pair<int, std::string>, std::vector<float>> seen;
+  etude::pass_shape shape{};
+  void begin(const etude::pass_shape& s) override { shape = s; }
+  void op(const etude::observed_op& op) override {
+    if (op.site.phase != etude::pass_phase::forward) return;
+    for (const auto& t : op.wrote)
+      if (t.seen->space == etude::row_space::positions)
+        seen[{op.site.codebook >= 0 ? 100 + op.site.codebook : op.site.layer, t.name}].assign(t.values.begin(),
+                                                                                                t.values.end());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("activation statistics and attention entropy equal a direct computation", "[diagnostics][activations]") {
+  trainer_t tr;
+  const auto batch = make_batch(3, 10, 5);
+  tr.step(batch);
+  keeper kept;
+  etude::track::activation_stats stats;
+  tr.loss_and_gradients(batch, kept);
+  const auto before = state_copy(tr);
+  tr.loss_and_gradients(batch, stats);
+  CHECK(before.same(tr));
+
+  // every layer's tensors, in forward order, against the kept values
+  std::set<std::string> names;
+  for (const auto& t : stats.tensors()) {
+    names.insert(t.tensor);
+    const auto it = kept.seen.find({t.codebook >= 0 ? 100 + t.codebook : t.layer, t.tensor});
+    if (it == kept.seen.end()) continue;  // the layer's mean/rstd columns are checked the same way
+    const auto& v = it->second;
+    double sum = 0, sq = 0, mx = 0;
+    for (float x : v) {
+      sum += x;
+      sq += double(x) * x;
+      mx = std::max(mx, double(std::fabs(x)));
+    }
+    INFO(t.tensor << " of layer " << t.layer);
+    CHECK(t.count == static_cast<index_t>(v.size()));
+    CHECK(t.mean() == Approx(sum / v.size()).margin(1e-12));
+    CHECK(t.rms() == Approx(std::sqrt(sq / v.size())));
+    CHECK(t.max_abs == mx);
+    CHECK(t.non_finite_fraction() == 0.0);
+  }
+  for (const char* n : {"x_in", "ln1", "qkv", "att", "x_mid", "ln2", "ffn_pre", "ffn_act", "x_out", "lnf", "logits"})
+    CHECK(names.count(n) == 1);
+
+  // entropy of each head from q and k directly: softmax over the causal keys, −Σ p log p
+  const index_t len = kept.shape.positions, D = tiny.dim, H = tiny.heads, hd = D / H;
+  REQUIRE(stats.heads().size() == static_cast<std::size_t>(tiny.layers * H));
+  for (int l = 0; l < tiny.layers; ++l) {
+    const auto& qkv = kept.seen.at({l, "qkv"});
+    for (index_t h = 0; h < H; ++h) {
+      double total = 0, relative = 0;
+      index_t n = 0, nr = 0;
+      for (index_t b = 0; b < batch.batch; ++b)
+        for (index_t i = 0; i < len; ++i) {
+          std::vector<double> s(static_cast<std::size_t>(i + 1));
+          double mx = -1e300;
+          for (index_t j = 0; j <= i; ++j) {
+            double d = 0;
+            for (index_t c = 0; c < hd; ++c)
+              d += double(qkv[static_cast<std::size_t>((b * len + i) * 3 * D + h * hd + c)]) *
+                   qkv[static_cast<std::size_t>((b * len + j) * 3 * D + D + h * hd + c)];
+            s[static_cast<std::size_t>(j)] = d / std::sqrt(double(hd));
+            mx = std::max(mx, s[static_cast<std::size_t>(j)]);
+          }
+          double z = 0;
+          for (double x : s) z += std::exp(x - mx);
+          double ent = 0;
+          for (double x : s) {
+            const double p = std::exp(x - mx) / z;
+            if (p > 0) ent -= p * std::log(p);
+          }
+          total += ent;
+          ++n;
+          if (i > 0) {
+            relative += ent / std::log(double(i + 1));
+            ++nr;
+          }
+        }
+      const auto& e = stats.heads()[static_cast<std::size_t>(l * H + h)];
+      INFO("layer " << l << " head " << h);
+      CHECK(e.entropy() == Approx(total / n).epsilon(1e-4));
+      CHECK(e.relative() == Approx(relative / nr).epsilon(1e-4));
+      CHECK(e.relative() > 0.0);
+      CHECK(e.relative() <= 1.0 + 1e-6);
+    }
+  }
+  const auto m = stats.metrics();
+  auto has = [&](const std::string& name) {
+    return std::any_of(m.begin(), m.end(), [&](const auto& kv) { return kv.first == name; });
+  };
+  CHECK(has("act/layer2/ffn_act/rms"));
+  CHECK(has("act/model/lnf/max_abs"));
+  CHECK(has("act/head3/logits/non_finite"));
+  CHECK(has("attn/layer1/head3/entropy"));
+}
+
+TEST_CASE("the Chrome trace of chosen steps validates, and its op times sum to the step time", "[diagnostics][trace]") {
+  constexpr etude::shape mid{.codebooks = 4, .card = 256, .dim = 128, .heads = 4, .layers = 2};
+  using mid_lm = etude::model<mid, etude::pattern::delay<0, 1, 2, 3>>;
+  etude::trainer<etude::train_config<mid_lm>, etude::backend::cpu> tr;
+  etude::token_batch batch(4, mid.codebooks, 96);
+  etude::rng r(6);
+  for (auto& t : batch.tokens) t = static_cast<etude::token_t>(r.below(mid.card));
+  tr.step(batch);  // the arena and the pattern plan made
+  etude::track::chrome_trace trace;
+  double worst = 0;
+  for (long s = 1; s <= 3; ++s) {
+    trace.begin_step(s);
+    const auto st = tr.step(batch, trace);
+    trace.end_step(st.memory);
+    const double ratio = trace.last_op_seconds() / trace.last_step_seconds();
+    worst = std::max(worst, std::fabs(1.0 - ratio));
+    CHECK(ratio <= 1.0);
+  }
+  INFO("worst |1 - op sum / step time| " << worst);
+  CHECK(worst < 0.05);
+  CHECK(trace.steps() == 3);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("etude_trace_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  trace.write(dir / "trace.json");
+  const auto j = nlohmann::json::parse(etude::detail::read_regular_file(dir / "trace.json"));
+  CHECK_NOTHROW(etude::track::check_chrome_trace(j));
+  int steps = 0, ops = 0, counters = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == "steps") ++steps;
+    if (e["ph"] == "X" && e["cat"] != "steps") ++ops;
+    if (e["ph"] == "C") {
+      ++counters;
+      CHECK(e["args"]["allocated"].get<double>() > 0);
+      CHECK(e["args"]["reserved"].get<double>() >= e["args"]["allocated"].get<double>());
+    }
+  }
+  CHECK(steps == 3);
+  CHECK(counters == 6);
+  CHECK(ops > 3 * 2 * 20);
+  // a broken trace is refused, naming the event
+  auto bad = j;
+  bad["traceEvents"][4].erase("dur");
+  CHECK_THROWS_WITH(etude::track::check_chrome_trace(bad), Catch::Contains("event 4"));
+  std::filesystem::remove_all(dir);
 }
