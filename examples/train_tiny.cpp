@@ -41,10 +41,12 @@
 #include <etude/etude.hpp>
 #include <etude/generate/generator.hpp>
 #include <etude/io/checkpoint.hpp>
+#include <etude/track/activation_stats.hpp>
 #include <etude/track/gradient_diagnostics.hpp>
 #include <etude/track/metrics_log.hpp>
 #include <etude/track/run_directory.hpp>
 #include <etude/track/tensorboard.hpp>
+#include <etude/track/trace.hpp>
 
 #include "chorale_samples.hpp"
 #include "cli.hpp"
@@ -93,7 +95,20 @@ struct options {
   fs::path soundfont;          // empty: Debian's GM soundfont
   long diagnostics_every = 0;  // gradient diagnostics every N steps (0: off)
   int dead_after = 5;          // diagnosed steps of exactly zero gradient that make a dead-parameter warning
+  std::string trace_steps;     // "N" or "N-M": steps traced into trace.json ("": none)
+  long trace_first = 0, trace_last = -1;
 };
+
+// --trace-steps: "N" or "N-M" (1 <= N <= M), the steps whose ops are traced; "" when it is fine.
+std::string trace_steps_problem(const std::string& s, long& first, long& last) {
+  const auto dash = s.find('-');
+  const std::string a = s.substr(0, dash), b = dash == std::string::npos ? a : s.substr(dash + 1);
+  constexpr long most = std::numeric_limits<long>::max();
+  if (!etude_cli::integer_problem(a, 1L, most, first).empty() || !etude_cli::integer_problem(b, 1L, most, last).empty() ||
+      last < first)
+    return "--trace-steps: '" + s + "' is not a step N or a range N-M of steps (1 <= N <= M), e.g. 20 or 20-22";
+  return {};
+}
 
 options parse(int argc, char** argv) {
   options o;
@@ -117,11 +132,22 @@ options parse(int argc, char** argv) {
                          "every N steps, gradient norm, update ratio and zero fraction per tensor group into the "
                          "metrics and TensorBoard, and dead-parameter warnings (one extra forward and backward "
                          "pass on those steps), with the batch's padded, pattern-masked and valid targets per "
-                         "codebook, empty and short crops, and the token histogram's distance to the training "
-                         "split's; 0: off");
+                         "codebook, empty and short crops, the token histogram's distance to the training "
+                         "split's, and each forward tensor's mean, RMS, max |x| and non-finite share with each "
+                         "attention head's entropy; 0: off");
   etude_cli::add_integer(app, "--dead-after", o.dead_after, 1, 1000000,
                          "with --diagnostics-every: warn about a tensor whose gradient was exactly zero on this many "
                          "consecutive diagnosed steps");
+  app.add_option("--trace-steps", o.trace_steps,
+                 "trace step N (or steps N-M) op by op into trace.json in the run directory: per-op times and the "
+                 "allocator's allocated/reserved bytes as Chrome trace JSON, for Perfetto or chrome://tracing")
+      ->type_name("N[-M]")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            long a = 0, b = 0;
+            return trace_steps_problem(s, a, b);
+          },
+          ""));
   etude_cli::add_integer(app, "--stop-after", o.stop_after, 0L, most,
                          "stop (as if interrupted) after N steps of this invocation; 0: run to the end");
   app.add_flag("--fresh", o.fresh, "remove the files etude wrote in the run directory (only those) first");
@@ -155,6 +181,7 @@ options parse(int argc, char** argv) {
     throw etude::invalid_argument("--batch: " + std::to_string(o.batch) + " is not a multiple of " +
                                   std::to_string(cfg::microbatches) + " (the tiny configuration accumulates " +
                                   std::to_string(cfg::microbatches) + " microbatches) (--help lists the options)");
+  if (!o.trace_steps.empty()) trace_steps_problem(o.trace_steps, o.trace_first, o.trace_last);
   return o;
 }
 
@@ -525,23 +552,48 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   std::optional<etude::data::token_drift> drift;
   if (dataset && o.diagnostics_every > 0)
     drift.emplace(etude::data::split_histogram(*dataset->split("train")), o.diagnostics_every);
+  // --trace-steps: those steps run observed, op by op; every rank traces (the steps' collectives
+  // stay paired), rank 0 writes trace.json after each
+  etude::track::chrome_trace trace("train_tiny", w.rank);
 
   const auto start = std::chrono::steady_clock::now();
   const long first = trainer.steps_done();
   double frames_done = 0;
   while (trainer.steps_done() < o.steps) {
     const long s = trainer.steps_done();
+    std::vector<std::string> ids;  // the loader's example ids: a non-finite loss names the example
     const etude::token_batch batch =
         synthetic ? with_conditions(synthetic->sample(o.batch, o.frames, static_cast<std::uint64_t>(s))).share(w.rank, w.size)
-                  : with_conditions(std::move(*train_loader->next()));
+                  : [&] {
+                      auto b = std::move(*train_loader->next());
+                      ids = b.ids;
+                      return with_conditions(std::move(b));
+                    }();
+    etude::batch_view view = batch;
+    if (ids.size() == static_cast<std::size_t>(batch.batch)) view.ids = ids.data();
     const bool diagnose = o.diagnostics_every > 0 && (s + 1) % o.diagnostics_every == 0;
+    const bool traced = s + 1 >= o.trace_first && s + 1 <= o.trace_last;
     if (drift) drift->add(batch);
-    if (diagnose) diagnostics.before_step(trainer, batch);
-    const auto st = trainer.step(batch);
+    // the diagnosed pass also gives the activation statistics and each head's attention entropy
+    etude::track::activation_stats activations;
+    if (diagnose) diagnostics.before_step(trainer, view, activations);
+    if (traced) trace.begin_step(s + 1);
+    const auto st = traced ? trainer.step(view, trace) : trainer.step(view);
+    if (traced) {
+      trace.end_step(st.memory);
+      if (held) {
+        trace.write(held->trace());
+        if (st.step == o.trace_last)
+          std::printf("step %ld: traced steps %ld-%ld into %s (%.1f ms, ops %.1f ms)\n", st.step, o.trace_first,
+                      o.trace_last, held->trace().string().c_str(), trace.last_step_seconds() * 1e3,
+                      trace.last_op_seconds() * 1e3);
+      }
+    }
     std::map<std::string, double> gradient_scalars;
     if (diagnose) {
       const auto& report = diagnostics.after_step(trainer, st);
       gradient_scalars = report.scalars();
+      for (const auto& [name, value] : activations.metrics()) gradient_scalars[name] = value;
       const auto data = etude::data::diagnose_batch<lm::pattern>(batch);
       std::optional<etude::data::histogram_distance> tokens;
       if (drift) tokens = drift->distance();

@@ -38,6 +38,7 @@ struct batch_view {
   std::size_t attributes_size = unknown_size;
   std::size_t embeddings_size = unknown_size;
   std::size_t embedding_mask_size = unknown_size;
+  const std::string* ids = nullptr;  // (B) the examples' ids, optional: errors name them
 
   bool valid(index_t b, int k, index_t t) const {
     return mask == nullptr || mask[(b * codebooks + k) * frames + t] != 0;

@@ -35,18 +35,18 @@ struct loaded_batch : token_batch {
   loaded_batch(index_t b, int k, index_t t) : token_batch(b, k, t) {}
 
   batch_view staged() const {
-    if (staging.empty()) return view();
+    batch_view v = view();
+    if (ids.size() == static_cast<std::size_t>(batch)) v.ids = ids.data();
+    if (staging.empty()) return v;
     const auto* base = static_cast<const unsigned char*>(staging.data());
     // The block holds what stage() copied: tokens, then the mask (none when the mask is empty).
     const std::size_t token_bytes = tokens.size() * sizeof(token_t);
     const std::size_t mask_bytes = staging.bytes() > token_bytes ? staging.bytes() - token_bytes : 0;
-    return {reinterpret_cast<const token_t*>(base),
-            mask.empty() ? nullptr : base + token_bytes,
-            batch,
-            codebooks,
-            frames,
-            std::min(tokens.size(), staging.bytes() / sizeof(token_t)),
-            std::min(mask.size(), mask_bytes)};
+    v.tokens = reinterpret_cast<const token_t*>(base);
+    v.mask = mask.empty() ? nullptr : base + token_bytes;
+    v.tokens_size = std::min(tokens.size(), staging.bytes() / sizeof(token_t));
+    v.mask_size = std::min(mask.size(), mask_bytes);
+    return v;
   }
 
   // Fills `staging` from tokens and mask (the loader does this on its worker threads).

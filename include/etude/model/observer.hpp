@@ -74,14 +74,20 @@ struct observed_tensor {
   index_t rows = 0, cols = 0;
   row_space space = row_space::positions;
   param_ref param{};  // row_space::parameter: whose gradient
+  bool inf_marks_empty = false;  // +inf is the op's mark of a row with nothing to attend to, not an error
 
   template <class T>
   static observed_tensor of(const char* name, const T* p, index_t rows, index_t cols, row_space space) {
-    return {name, p, stored_type_of<std::remove_const_t<T>>(), rows, cols, space, {}};
+    return {name, p, stored_type_of<std::remove_const_t<T>>(), rows, cols, space, {}, false};
+  }
+  observed_tensor with_empty_rows_inf() const {
+    observed_tensor t = *this;
+    t.inf_marks_empty = true;
+    return t;
   }
   template <class T>
   static observed_tensor gradient(const T* p, param_ref of, index_t rows, index_t cols) {
-    return {"", p, stored_type_of<std::remove_const_t<T>>(), rows, cols, row_space::parameter, of};
+    return {"", p, stored_type_of<std::remove_const_t<T>>(), rows, cols, row_space::parameter, of, false};
   }
   index_t size() const { return rows * cols; }
 };

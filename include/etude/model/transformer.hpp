@@ -408,7 +408,7 @@ struct transformer {
                                                             masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
                                                             steps, LC, S.heads, D, ws.attention, ws.attention_size);
         obs(site("cross_attention", l, ph),
-            {rows_of("attc", a.attc, rows, D), rows_of("attc_lse", a.attc_lse, rows, S.heads)});
+            {rows_of("attc", a.attc, rows, D), rows_of("attc_lse", a.attc_lse, rows, S.heads).with_empty_rows_inf()});
       }
       residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc, "cross_out",
                     param_kind::cross_out, norm2, ln2);

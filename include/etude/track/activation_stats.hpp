@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -57,7 +58,9 @@ class activation_stats final : public step_observer {
       if (t.seen->space == row_space::parameter || t.seen->space == row_space::scalars) continue;
       if (std::string_view(t.name) == "dlogits") continue;  // the loss's gradient, not an activation
       tensor_statistics& s = entry(op.site, t.name);
+      const bool inf_ok = t.seen->inf_marks_empty;  // rows with nothing to attend to: not values
       for (float v : t.values) {
+        if (inf_ok && v == std::numeric_limits<float>::infinity()) continue;
         ++s.count;
         if (!std::isfinite(v)) {
           ++s.non_finite;
@@ -80,13 +83,16 @@ class activation_stats final : public step_observer {
   const std::vector<head_entropy>& heads() const { return heads_; }
 
   // Named scalars for a metrics log: act/<where>/<tensor>/{mean,rms,max_abs,non_finite} and
-  // attn/layer<l>/head<h>/{entropy,relative_entropy}; <where> is layer<l>, head<k> or model.
+  // attn/layer<l>/head<h>/{entropy,relative_entropy}; <where> is layer<l>, head<k> (codebook k's
+  // output head), condition<j> or model.
   std::vector<std::pair<std::string, double>> metrics() const {
     std::vector<std::pair<std::string, double>> out;
     for (const auto& t : tensors_) {
-      std::string where = t.layer >= 0 ? "layer" + std::to_string(t.layer)
-                          : t.codebook >= 0 ? "head" + std::to_string(t.codebook)
-                                            : std::string("model");
+      const bool condition = t.op.rfind("condition", 0) == 0;
+      std::string where = t.layer >= 0      ? "layer" + std::to_string(t.layer)
+                          : t.codebook < 0 ? std::string("model")
+                          : condition      ? "condition" + std::to_string(t.codebook)
+                                           : "head" + std::to_string(t.codebook);
       const std::string base = "act/" + where + "/" + t.tensor + "/";
       out.emplace_back(base + "mean", t.mean());
       out.emplace_back(base + "rms", t.rms());

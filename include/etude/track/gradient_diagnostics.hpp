@@ -16,7 +16,8 @@
 // or condition-dropout draw, so the run is the same with diagnostics on or off. Under data
 // parallelism every rank must call before_step (loss_and_gradients reduces over the ranks; the
 // gradients are then the global ones on every rank), and one rank writes the report.
-// Not for: finding where a non-finite value came from, activation statistics, or timings.
+// Not for: finding where a non-finite value came from, activation statistics, or timings (those
+// are step observers: train/step_observer.hpp, track/activation_stats.hpp, track/trace.hpp).
 #pragma once
 
 #include <cmath>
@@ -167,6 +168,14 @@ class gradient_diagnostics {
   template <class Trainer>
   step_stats before_step(Trainer& trainer, const batch_view& batch) {
     const step_stats st = trainer.loss_and_gradients(batch);
+    read_gradients(trainer, st.scale);
+    return st;
+  }
+  // The same pass observed op by op (train/step_observer.hpp: activation statistics, say), so a
+  // diagnosed step costs one extra pass for both.
+  template <class Trainer, class Observer>
+  step_stats before_step(Trainer& trainer, const batch_view& batch, Observer& observer) {
+    const step_stats st = trainer.loss_and_gradients(batch, observer);
     read_gradients(trainer, st.scale);
     return st;
   }

@@ -5,7 +5,7 @@
 //     the kernel when the process dies) and refuses a second holder with its pid, host, start
 //     time and command;
 //   - then, under the lock: with `fresh`, removes what etude wrote there (run.json, metrics.jsonl,
-//     TensorBoard event files, checkpoints, the `latest` pointer, rejected checkpoints) and
+//     trace.json, TensorBoard event files, checkpoints, the `latest` pointer, rejected checkpoints) and
 //     nothing else; and removes the temporaries of saves a kill interrupted (atomic_file's names
 //     for those files only).
 // rewind(step) cuts metrics.jsonl and every TensorBoard event file back to the step a run resumes
@@ -14,6 +14,7 @@
 //   dir/.etude-run   the lock and its holder      dir/run.json      the run record
 //   dir/metrics.jsonl                               dir/tensorboard/  events.out.tfevents.*
 //   dir/conditions.json (a conditioned run's vocabulary)  dir/samples/ sample-*.mid .wav .png .npy
+//   dir/trace.json (a Chrome trace of chosen steps, track/trace.hpp)
 //   dir/checkpoints/ ckpt-*.safetensors, latest, rejected/
 // Not for: what goes into those files (io/checkpoint.hpp, metrics_log.hpp, tensorboard.hpp);
 // directories shared by several runs.
@@ -108,6 +109,7 @@ class run_directory {
   // generated samples (sample-*.mid, .wav, .png, .npy) and a conditioned run's vocabulary
   std::filesystem::path samples() const { return dir_ / "samples"; }
   std::filesystem::path vocabulary() const { return dir_ / "conditions.json"; }
+  std::filesystem::path trace() const { return dir_ / "trace.json"; }
 
   // The files opening removed: etude's own under `fresh`, and stale temporaries.
   const std::vector<std::filesystem::path>& removed() const noexcept { return removed_; }
@@ -226,7 +228,7 @@ class run_directory {
   }
 
   static bool is_own_top_file(const std::string& n) {
-    return n == "run.json" || n == "metrics.jsonl" || n == "conditions.json";
+    return n == "run.json" || n == "metrics.jsonl" || n == "conditions.json" || n == "trace.json";
   }
   static bool is_sample_file(const std::string& n) {
     if (n.rfind("sample-", 0) != 0) return false;

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -113,8 +114,9 @@ class non_finite_locator final : public step_observer {
   void op(const observed_op& op) override {
     if (found_) return;
     for (const host_tensor& t : op.wrote) {
+      const bool inf_ok = t.seen->inf_marks_empty;
       for (std::size_t i = 0; i < t.values.size(); ++i) {
-        if (std::isfinite(t.values[i])) continue;
+        if (std::isfinite(t.values[i]) || (inf_ok && t.values[i] == std::numeric_limits<float>::infinity())) continue;
         found_ = true;
         record(op, t, static_cast<index_t>(i));
         return;

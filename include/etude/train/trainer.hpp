@@ -135,8 +135,9 @@ class trainer {
   // Replays loss_and_gradients on this rank's share of the batch, op by op, and returns where the
   // first non-finite value appeared (nothing when every value is finite). Local to this rank (no
   // collective: the loss is normalised by this rank's counts, which changes no finiteness).
-  // Leaves the training state as it was and the gradients cleared. ids: the batch's example ids.
-  std::optional<non_finite_origin> locate_non_finite(const batch_view& batch, const std::string* ids = nullptr);
+  // Leaves the training state as it was and the gradients cleared. The batch's ids, where it has
+  // them, name the example.
+  std::optional<non_finite_origin> locate_non_finite(const batch_view& batch);
   void locate_failures(bool on) { locate_ = on; }
 
   // Validation: forward and loss only, in chunks of the microbatch size. Touches no parameter,
@@ -444,10 +445,9 @@ step_stats trainer<Config, Backend>::loss_and_gradients(const batch_view& batch,
 }
 
 template <class Config, class Backend>
-std::optional<non_finite_origin> trainer<Config, Backend>::locate_non_finite(const batch_view& batch,
-                                                                             const std::string* ids) {
+std::optional<non_finite_origin> trainer<Config, Backend>::locate_non_finite(const batch_view& batch) {
   [[maybe_unused]] const auto guard = exec_.enter();
-  non_finite_locator locator(ids, dp_.rank() * batch.batch);
+  non_finite_locator locator(batch.ids, dp_.rank() * batch.batch);
   local_ = true;
   try {
     training_pass(batch, false, &locator);
