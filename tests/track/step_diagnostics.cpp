@@ -356,3 +356,38 @@ TEST_CASE("the Chrome trace of chosen steps validates, and its op times sum to t
   CHECK_THROWS_WITH(etude::track::check_chrome_trace(bad), Catch::Contains("event 4"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("the locator under bf16 with recomputation, and no false alarm from conditions nobody has",
+          "[diagnostics][locate]") {
+  SECTION("bf16 storage, every layer recomputed: the planted weight is found in the forward") {
+    using bf_cfg = etude::train_config<lm, etude::precision::bf16, etude::checkpointing::every_layer>;
+    etude::trainer<bf_cfg, etude::backend::cpu> tr;
+    const auto batch = make_batch(2, 8, 7);
+    const etude::param_desc& down = params::at(etude::param_kind::ffn_down, 1);
+    tr.tensor(down)[3] = -std::numeric_limits<float>::infinity();
+    std::string message;
+    try {
+      tr.step(batch);
+    } catch (const etude::non_finite& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("layer 1 ffn_down (forward)") != std::string::npos);
+    CHECK(message.find("transformer.layers.1.linear2.weight, which holds -inf at row 0, column 3") != std::string::npos);
+  }
+  SECTION("cross-attention to null conditions writes +inf log-sum-exps by design, which are no error") {
+    namespace cond = etude::cond;
+    using conds = etude::conditions<cond::attribute<"key", 12, 16>, etude::fuse::cross>;
+    using cond_lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>, conds>;
+    etude::trainer<etude::train_config<cond_lm>, etude::backend::cpu> tr;
+    auto batch = make_batch(2, 8, 8);
+    batch.attributes = {-1, 3};  // example 0 has no condition
+    CHECK_FALSE(tr.locate_non_finite(batch).has_value());
+    etude::track::activation_stats stats;
+    tr.loss_and_gradients(batch, stats);
+    for (const auto& t : stats.tensors()) {
+      INFO(t.tensor << " of layer " << t.layer);
+      CHECK(t.non_finite == 0);
+    }
+  }
+}
