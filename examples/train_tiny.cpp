@@ -96,6 +96,7 @@ struct options {
   long diagnostics_every = 0;  // gradient diagnostics every N steps (0: off)
   int dead_after = 5;          // diagnosed steps of exactly zero gradient that make a dead-parameter warning
   std::string trace_steps;     // "N" or "N-M": steps traced into trace.json ("": none)
+  std::string plant_nan;       // "NAME:ROW:COL": a NaN written into that weight before training (a drill)
   long trace_first = 0, trace_last = -1;
 };
 
@@ -108,6 +109,28 @@ std::string trace_steps_problem(const std::string& s, long& first, long& last) {
       last < first)
     return "--trace-steps: '" + s + "' is not a step N or a range N-M of steps (1 <= N <= M), e.g. 20 or 20-22";
   return {};
+}
+
+// --plant-nan NAME:ROW:COL
+template <class Trainer>
+void plant_nan(Trainer& trainer, const std::string& spec) {
+  const auto a = spec.find(':'), b = spec.find(':', a == std::string::npos ? a : a + 1);
+  const std::string name = spec.substr(0, a);
+  long row = -1, col = -1;
+  const bool parsed = b != std::string::npos &&
+                      etude_cli::integer_problem(spec.substr(a + 1, b - a - 1), 0L, std::numeric_limits<long>::max(), row).empty() &&
+                      etude_cli::integer_problem(spec.substr(b + 1), 0L, std::numeric_limits<long>::max(), col).empty();
+  for (const etude::param_desc& p : Trainer::params::entries) {
+    if (etude::param_name(p) != name) continue;
+    if (!parsed || row >= p.rows || col >= p.cols)
+      throw etude::invalid_argument("--plant-nan: '" + spec + "': " + name + " is " + std::to_string(p.rows) + " x " +
+                                    std::to_string(p.cols) + "; give NAME:ROW:COL inside it");
+    trainer.tensor(p)[static_cast<std::size_t>(row * p.cols + col)] = std::numeric_limits<float>::quiet_NaN();
+    std::printf("planted NaN in %s at row %ld, column %ld\n", name.c_str(), row, col);
+    return;
+  }
+  throw etude::invalid_argument("--plant-nan: '" + spec + "': no weight is named " + name +
+                                " (the names are the checkpoint's, e.g. transformer.layers.0.linear1.weight)");
 }
 
 options parse(int argc, char** argv) {
@@ -138,6 +161,10 @@ options parse(int argc, char** argv) {
   etude_cli::add_integer(app, "--dead-after", o.dead_after, 1, 1000000,
                          "with --diagnostics-every: warn about a tensor whose gradient was exactly zero on this many "
                          "consecutive diagnosed steps");
+  app.add_option("--plant-nan", o.plant_nan,
+                 "a fire drill for docs/debugging.md: write NaN into element ROW, COL of weight NAME (a checkpoint "
+                 "name, e.g. transformer.layers.2.linear1.weight) before the first step, and see the step name it")
+      ->type_name("NAME:ROW:COL");
   app.add_option("--trace-steps", o.trace_steps,
                  "trace step N (or steps N-M) op by op into trace.json in the run directory: per-op times and the "
                  "allocator's allocated/reserved bytes as Chrome trace JSON, for Perfetto or chrome://tracing")
@@ -460,6 +487,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   }
   if (resumed)
     std::printf("resuming %s at step %ld\n", o.run_dir.string().c_str(), trainer.steps_done());
+  if (!o.plant_nan.empty()) plant_nan(trainer, o.plant_nan);
   if (dataset && !train_loader) train_loader.emplace(dataset->split("train"), lc);
   // every record follows the checkpoint: later metrics lines and TensorBoard events are cut off
   if (held) held->rewind(trainer.steps_done());
