@@ -417,9 +417,17 @@ step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_obs
     const bool loss = (d.status & step_loss_not_finite) != 0;
     Backend::fill_zero(grads_.device(), P);
     grads_.device_changed();
-    std::optional<non_finite_origin> origin;
-    if (locate_) origin = locate_non_finite(batch);
-    throw detail::non_finite_step(step_, loss, where, origin ? origin->describe() : std::string());
+    std::string origin;
+    if (locate_) {
+      try {
+        const auto o = locate_non_finite(batch);
+        origin = o ? o->describe() : "every op's output was finite on this rank (another rank's share holds it)";
+      } catch (const error& e) {
+        // this rank's share alone may be refused (a codebook without a valid target here)
+        origin = std::string("the replay could not run: ") + e.what();
+      }
+    }
+    throw detail::non_finite_step(step_, loss, where, origin);
   }
   st.clip_coef = d.clip_coef;
   ++step_;
