@@ -421,7 +421,9 @@ step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_obs
     if (locate_) {
       try {
         const auto o = locate_non_finite(batch);
-        origin = o ? o->describe() : "every op's output was finite on this rank (another rank's share holds it)";
+        origin = o                ? o->describe()
+                 : dp_.size() > 1 ? "every op's output was finite on this rank's share (another rank's holds it)"
+                                  : "every op's output was finite in the replay (it did not reproduce)";
       } catch (const error& e) {
         // this rank's share alone may be refused (a codebook without a valid target here)
         origin = std::string("the replay could not run: ") + e.what();
