@@ -7,9 +7,10 @@
 // (metrics.jsonl, TensorBoard events, run.json, checkpoints, the condition vocabulary). At the end
 // it generates --samples chorales for chosen keys and modes with classifier-free guidance and
 // writes each as tokens, MIDI, WAV and a piano roll into samples/, listed in run.json with the
-// sample checks' warnings. A second invocation with the same run directory resumes from its newest
-// good checkpoint, bit-identically. Exits 0 only if the final validation loss is below the unigram
-// baseline.
+// sample checks' warnings. A step left waiting --stall-warning-ms for its batch is warned about,
+// in run.json too, and the loader's queue and waits go to TensorBoard. A second invocation with the
+// same run directory resumes from its newest good checkpoint, bit-identically. Exits 0 only if the
+// final validation loss is below the unigram baseline.
 // Under `mpirun -np N` (or srun with Open MPI) the same command line trains data-parallel on the
 // CPU: the global batch --batch is split over the ranks, each rank loads its share, the gradients
 // are summed over MPI (--zero1 shards the optimiser's moments), rank 0 alone prints and writes the
@@ -18,7 +19,7 @@
 //              [--valid-every N] [--checkpoint-every N] [--workers N] [--seed S]
 //              [--run-dir DIR] [--fresh] [--discard-unusable] [--stop-after N] [--cond-dropout P]
 //              [--samples N] [--sample-frames T] [--cfg-coef C] [--soundfont FILE]
-//              [--diagnostics-every N] [--dead-after K]
+//              [--diagnostics-every N] [--dead-after K] [--stall-warning-ms MS] [--loader-delay-ms MS]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +30,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +38,7 @@
 #include <etude/data/condition_encoder.hpp>
 #include <etude/data/batch_diagnostics.hpp>
 #include <etude/data/condition_vocab.hpp>
+#include <etude/data/host_allocator.hpp>
 #include <etude/data/loader.hpp>
 #include <etude/data/synthetic.hpp>
 #include <etude/etude.hpp>
@@ -64,6 +67,26 @@ using json = nlohmann::ordered_json;
 
 
 namespace {
+
+// --loader-delay-ms: slow storage simulated on the thread that builds a batch. The loader asks its
+// host_allocator for one block per batch on that thread (the host copy a device reads), so the
+// delay sits where reading from a slow disk would, and the loader's own counters and stall
+// warnings see it as they would see slow storage.
+class delayed_host_allocator final : public etude::data::host_allocator {
+ public:
+  explicit delayed_host_allocator(std::chrono::milliseconds delay) : delay_(delay) {}
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    std::this_thread::sleep_for(delay_);
+    return heap_.allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept override {
+    heap_.deallocate(p, bytes, alignment);
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+  etude::data::heap_host_allocator heap_;
+};
 
 #ifndef ETUDE_DEFAULT_DATA
 #define ETUDE_DEFAULT_DATA "data/chorales"
@@ -98,6 +121,8 @@ struct options {
   std::string trace_steps;     // "N" or "N-M": steps traced into trace.json ("": none)
   std::string plant_nan;       // "NAME:ROW:COL": a NaN written into that weight before training (a drill)
   long trace_first = 0, trace_last = -1;
+  long stall_warning_ms = 5000;  // a step waiting this long for its batch is a loader stall warning
+  long loader_delay_ms = 0;      // simulated slow storage: each training batch takes this much longer
 };
 
 // --trace-steps: "N" or "N-M" (1 <= N <= M), the steps whose ops are traced; "" when it is fine.
@@ -181,6 +206,13 @@ options parse(int argc, char** argv) {
   app.add_flag("--discard-unusable", o.discard_unusable,
                "when no checkpoint can be resumed, set them aside (checkpoints/rejected/) and start over");
   etude_cli::add_integer(app, "--workers", o.workers, 0, 256, "loader worker threads (0: load inside the step)");
+  etude_cli::add_integer(app, "--stall-warning-ms", o.stall_warning_ms, 1L, 86400000L,
+                         "warn when a step has waited this long for its batch (the loader's stall_warning; again "
+                         "after each further wait this long): printed and listed in run.json's warnings; needs "
+                         "--workers 1 or more");
+  etude_cli::add_integer(app, "--loader-delay-ms", o.loader_delay_ms, 0L, 86400000L,
+                         "simulate slow storage, to try out stall warnings: building each training batch takes this "
+                         "much longer (on a loader worker, or inside the step with --workers 0); 0: off");
   etude_cli::add_integer(app, "--seed", o.seed, 0ULL, std::numeric_limits<unsigned long long>::max(),
                          "seed of the initialisation and the data order");
   app.add_option("--run-dir", o.run_dir, "run directory: metrics, events, run.json, checkpoints")
@@ -290,6 +322,18 @@ json stats_json(const etude::eval_stats& s) {
   return {{"ce", s.ce}, {"ppl", s.ppl}, {"ce_q", s.ce_q}, {"ppl_q", s.ppl_q}, {"tokens", s.tokens}};
 }
 
+// The training loader's counters since this invocation built it.
+json loader_json(const etude::data::loader_stats& s) {
+  return {{"workers", s.workers},
+          {"batches_produced", s.batches_produced},
+          {"batches_consumed", s.batches_consumed},
+          {"queue_depth", s.queue_depth},
+          {"stalls", s.stalls},
+          {"consumer_wait_s", s.consumer_wait_s},
+          {"worker_busy_s", s.worker_busy_s},
+          {"worker_idle_s", s.worker_idle_s}};
+}
+
 // This process's place among data-parallel ranks (one process: rank 0 of 1, no communicator).
 struct world {
   etude::communicator* comm = nullptr;
@@ -335,7 +379,7 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["summary"] = summary;
   r["checkpoints"] = checkpoints;
   r["samples"] = samples;
-  r["warnings"] = warnings;  // this invocation's dead-parameter warnings (--diagnostics-every)
+  r["warnings"] = warnings;  // this invocation's dead-parameter and loader stall warnings
   r["notes"] = "";
   return r;
 }
@@ -428,6 +472,9 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
     lc.segment_frames = o.frames;
     lc.seed = o.seed;
     lc.workers = o.workers;
+    lc.stall_warning = std::chrono::milliseconds(o.stall_warning_ms);
+    if (o.loader_delay_ms > 0)
+      lc.allocator = std::make_shared<delayed_host_allocator>(std::chrono::milliseconds(o.loader_delay_ms));
     lc.codebooks = tiny.codebooks;
     lc.card = tiny.card;
     lc.tail = etude::data::last_batch::drop;  // every step sees a full batch
@@ -459,6 +506,34 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   json data_identity = data_record;
   data_identity["batch"] = o.batch;
   data_identity["frames"] = o.frames;
+
+  // this invocation's warnings (loader stalls, dead parameters) and checkpoints, for run.json
+  std::vector<std::string> warnings;
+  std::vector<std::string> saved;
+  // a step left waiting for its batch (slow storage, too few workers, a hung worker): printed, and
+  // in run.json while it waits, one entry per wait that grows with it, so that a run stuck on its
+  // input says so to whoever reads the record
+  struct stall_entry {
+    std::uint64_t epoch, batch;  // the batch waited for
+    std::size_t warning;         // its entry in warnings
+  };
+  std::optional<stall_entry> stalled;
+  lc.on_stall = [&](const etude::data::loader_stall& s) {
+    const long step = trainer.steps_done() + 1;
+    if (w.lead()) std::printf("step %ld: warning: %s\n", step, s.describe().c_str());
+    else std::fprintf(stderr, "rank %d: step %ld: warning: %s\n", w.rank, step, s.describe().c_str());
+    std::fflush(stdout);  // a log file is block-buffered, and this wait may never end
+    const std::string text = "step " + std::to_string(step) + ": " + s.describe();
+    if (stalled && stalled->epoch == s.epoch && stalled->batch == s.batch) {
+      warnings[stalled->warning] = text;
+    } else {
+      stalled = stall_entry{s.epoch, s.batch, warnings.size()};
+      warnings.push_back(text);
+    }
+    if (held)
+      write_json(held->record(), run_record(o, trainer, data_record, "running", {{"loader", loader_json(s.stats)}},
+                                            saved, conditions_record, w, json::array(), warnings));
+  };
 
   // --- resume: the newest checkpoint that verifies, restores, and whose loader state fits -------
   etude::io::checkpoint_manager checkpoints(checkpoint_dir, {.keep_last = 2, .milestone_every = 0, .keep_best = true});
@@ -511,6 +586,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
     one_pass.crop = etude::data::crop_mode::start;
     one_pass.tail = etude::data::last_batch::keep;
     one_pass.workers = 0;
+    one_pass.allocator = nullptr;  // --loader-delay-ms slows the training batches only
     {
       // unigrams from the training split
       auto quiet = one_pass;
@@ -537,7 +613,6 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   // the records are rank 0's (the statistics are global on every rank)
   std::optional<etude::track::metrics_log> metrics;
   std::optional<etude::track::tensorboard_writer> board;
-  std::vector<std::string> saved;
   if (held) {
     metrics.emplace(held->metrics());
     board.emplace(held->tensorboard());
@@ -573,7 +648,6 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   // gradient diagnostics (--diagnostics-every): every rank runs the extra pass, whose gradients are
   // reduced over the ranks; rank 0 writes them
   etude::track::gradient_diagnostics diagnostics(o.dead_after);
-  std::vector<std::string> warnings;
   // data diagnostics on the same steps: what the batch gives the loss (padding, pattern-masked
   // targets, empty and short crops; this rank's share under mpirun), and the token histogram of the
   // steps since the last diagnosis against the training split's
@@ -587,6 +661,7 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   const auto start = std::chrono::steady_clock::now();
   const long first = trainer.steps_done();
   double frames_done = 0;
+  double waited_s = 0;  // the loader's consumer wait before this step
   while (trainer.steps_done() < o.steps) {
     const long s = trainer.steps_done();
     std::vector<std::string> ids;  // the loader's example ids: a non-finite loss names the example
@@ -599,6 +674,16 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
                     }();
     etude::batch_view view = batch;
     if (ids.size() == static_cast<std::size_t>(batch.batch)) view.ids = ids.data();
+    // how the input keeps up: TensorBoard only, since metrics.jsonl is the same whenever a run is
+    // interrupted and resumed (timings aside) and these are timings and counts of this invocation
+    std::map<std::string, double> loader_scalars;
+    if (train_loader) {
+      const auto ls = train_loader->stats();
+      loader_scalars = {{"loader/wait_s", ls.consumer_wait_s - waited_s},
+                        {"loader/queue_depth", static_cast<double>(ls.queue_depth)},
+                        {"loader/stalls", static_cast<double>(ls.stalls)}};
+      waited_s = ls.consumer_wait_s;
+    }
     const bool diagnose = o.diagnostics_every > 0 && (s + 1) % o.diagnostics_every == 0;
     const bool traced = s + 1 >= o.trace_first && s + 1 <= o.trace_last;
     if (drift) drift->add(batch);
@@ -647,9 +732,11 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
       line.scalars.merge(gradient_scalars);  // grad/<group>/... and data/... on the diagnosed steps
       metrics->write(line);
     }
-    if (board)
+    if (board) {
       board->scalars({{"train/ce", st.ce}, {"train/ppl", st.ppl}, {"train/lr", st.lr}, {"train/grad_norm", st.grad_norm}},
                   st.step);
+      if (!loader_scalars.empty()) board->scalars(loader_scalars, st.step);
+    }
     const long done_here = st.step - first;
     if (st.step % 10 == 0 || done_here == 1 || st.step == o.steps)
       std::printf("step %4ld  ce %.3f |%s | lr %.2e  grad_norm %.3f  %.0f tok/s  eta %.0f s\n", st.step, st.ce,
@@ -673,9 +760,10 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
       checkpoints.wait();
       if (held) {
         board->close();
-        write_json(held->record(), run_record(o, trainer, data_record, "interrupted",
-                                              {{"step", st.step}, {"train_ce", st.ce}}, saved, conditions_record, w,
-                                              json::array(), warnings));
+        json summary = {{"step", st.step}, {"train_ce", st.ce}};
+        if (train_loader) summary["loader"] = loader_json(train_loader->stats());
+        write_json(held->record(), run_record(o, trainer, data_record, "interrupted", summary, saved, conditions_record,
+                                              w, json::array(), warnings));
       }
       std::printf("stopping after %ld steps at step %ld; run again to resume\n", done_here, st.step);
       return 0;
@@ -686,10 +774,10 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   if (held) {
     board->close();
     const json samples = vocab ? write_samples(o, trainer, *vocab, held->samples()) : json::array();
-    write_json(held->record(), run_record(o, trainer, data_record, "finished",
-                                          {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)},
-                                           {"unigram_ce", valid.unigram}},
-                                          saved, conditions_record, w, samples, warnings));
+    json summary = {{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid.unigram}};
+    if (train_loader) summary["loader"] = loader_json(train_loader->stats());
+    write_json(held->record(), run_record(o, trainer, data_record, "finished", summary, saved, conditions_record, w,
+                                          samples, warnings));
     std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid.unigram,
                 learned ? "below" : "NOT below", held->record().string().c_str());
   }
