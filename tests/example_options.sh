@@ -34,6 +34,12 @@ expect 2 "--steps: 1 required INT missing" "$train" --steps
 expect 2 "not expected: --bogus" "$train" --bogus
 expect 2 "--diagnostics-every: -1 is out of range" "$train" --diagnostics-every -1
 expect 2 "--dead-after: 0 is out of range" "$train" --dead-after 0
+expect 2 "--trace-steps: '5-3' is not a step N or a range N-M" "$train" --trace-steps 5-3
+expect 2 "--trace-steps: 'x' is not a step N" "$train" --trace-steps x
+expect 2 "--stall-warning-ms: 0 is out of range" "$train" --stall-warning-ms 0
+expect 2 "--loader-delay-ms: -1 is out of range" "$train" --loader-delay-ms -1
+expect 2 "--plant-nan: 'out_norm.weight:1:0': out_norm.weight is 1 x" "$train" --synthetic --steps 4 --plant-nan out_norm.weight:1:0 --run-dir "$(mktemp -d)/run"
+expect 2 "--plant-nan: 'nothing:0:0': no weight is named nothing" "$train" --synthetic --steps 4 --plant-nan nothing:0:0 --run-dir "$(mktemp -d)/run"
 # --diagnostics-every on synthetic tokens, whose conditions are all null: the condition tables are
 # reported dead in run.json, and the group scalars reach metrics.jsonl (4 small steps, about a second)
 diag_dir=$(mktemp -d)
@@ -54,6 +60,31 @@ assert [r["step"] for r in rows] == [2, 4], rows
 for r in rows:
     assert r["data/pattern_masked_q3"] == 3 / 16 and r["data/pad_q3"] == 0 and r["data/empty"] == 0, r
 PY
+# the activation statistics of the same steps, and a trace of steps 3-4 that Chrome's format accepts
+python3 - "$diag_dir/run/metrics.jsonl" <<'PY' || { echo "FAILED: --diagnostics-every 2: act/ and attn/ scalars"; failed=1; }
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "act/layer0/ffn_act/rms" in r]
+assert [r["step"] for r in rows] == [2, 4], rows
+for r in rows:
+    assert r["act/model/lnf/non_finite"] == 0 and 0 < r["attn/layer0/head0/relative_entropy"] <= 1, r
+PY
+"$train" --synthetic --steps 4 --batch 4 --frames 16 --samples 0 --trace-steps 3-4 --run-dir "$diag_dir/trace" \
+  >"$diag_dir/out" 2>&1
+python3 - "$diag_dir/trace/trace.json" <<'PY' || { echo "FAILED: --trace-steps 3-4: trace.json"; failed=1; }
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+steps = [e["args"]["step"] for e in events if e.get("cat") == "steps"]
+assert steps == [3, 4], steps
+assert sum(1 for e in events if e["ph"] == "X" and e.get("cat") == "forward") > 40
+assert sum(1 for e in events if e["ph"] == "C") == 4
+PY
+# a planted NaN is named as the op that read it, and the run stops with status 2 (an etude error)
+"$train" --synthetic --steps 4 --batch 4 --frames 16 --samples 0 --run-dir "$diag_dir/nan" \
+  --plant-nan transformer.layers.2.linear1.weight:5:7 >"$diag_dir/out" 2>&1
+status=$?
+grep -q "layer 2 ffn_up (forward) wrote nan into ffn_pre.*linear1.weight, which holds nan at row 5, column 7" \
+  "$diag_dir/out" && [[ $status -eq 2 ]] ||
+  { echo "FAILED: --plant-nan: status $status, $(tail -1 "$diag_dir/out")"; failed=1; }
 rm -rf "$diag_dir"
 help=$("$train" --help) || { echo "FAILED: train_tiny --help exited $?"; failed=1; }
 [[ "$help" == *"--checkpoint-every"* && "$help" == *"--run-dir"* ]] || { echo "FAILED: train_tiny --help: $help"; failed=1; }
