@@ -1,6 +1,6 @@
 // A Chrome trace of chosen training steps: every op of each traced step as a complete event (its
-// time from the trainer's observed step, train/step_observer.hpp: CPU timers; on a GPU the device
-// is synchronised after each op, so an op's time is its device time plus one launch), the step
+// time from the trainer's observed step, train/step_observer.hpp: a host clock on the CPU, CUDA
+// events recorded between the ops on a GPU, where nothing waits inside the step), the step
 // itself as an event around them, and the allocator's allocated and reserved bytes as counters at
 // each step's start and end (etude's arena is carved once per step: nothing is allocated inside
 // one, which the flat counter shows). Written as Chrome trace JSON, which Perfetto
@@ -44,8 +44,9 @@ class chrome_trace final : public step_observer {
     in_step_ = true;
   }
   void begin(const pass_shape& s) override { microbatch_ = s.microbatch; }
+  // (told after the step: op.at places it in the step, from the step's start)
   void op(const observed_op& op) override {
-    const double end = now_us(), dur = op.seconds * 1e6;
+    const double end = step_start_ + op.at * 1e6, dur = op.seconds * 1e6;
     nlohmann::json args = {{"phase", phase_name(op.site.phase)}, {"microbatch", microbatch_}};
     if (op.site.layer >= 0) args["layer"] = op.site.layer;
     if (op.site.codebook >= 0) args["codebook"] = op.site.codebook;

@@ -40,8 +40,8 @@ struct host_weight {
 
 struct observed_op {
   op_site site;
-  double seconds = 0.0;  // the op's time: since the previous op ended (a device op: synchronised)
-  double at = 0.0;       // when it ended, in seconds since the observed step or pass began
+  double seconds = 0.0;  // the op's time: since the previous op ended
+  double at = 0.0;       // when it ended, in seconds since the observed step began
   std::span<const host_tensor> wrote;
   std::span<const host_weight> read;
 };
@@ -49,7 +49,10 @@ struct observed_op {
 class step_observer {
  public:
   virtual ~step_observer() = default;
-  // Whether op() needs the values (downloaded and widened to float for it); timing alone does not.
+  // Whether op() needs the values (downloaded and widened to float for it). An observer that
+  // reads them is told each op as it happens, after the device has finished it; one that does not
+  // (timing) is told every op after the step, from marks recorded between the ops (CUDA events on
+  // a GPU), so that nothing waits inside the step and its times are the device's.
   virtual bool reads_values() const { return true; }
   // Called at the start of each microbatch's pass (forward, heads, backward).
   virtual void begin(const pass_shape&) {}

@@ -5,6 +5,8 @@
 // Not for: the step body itself (train/trainer.hpp).
 #pragma once
 
+#include <chrono>
+#include <vector>
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -80,8 +82,18 @@ class step_executor<backend::cpu> {
   index_t extra_bytes() const { return 0; }
   index_t staged_bytes() const { return 0; }
 
+  // Op timing of an observed step: the ops ran when they were called.
+  void mark() { marks_.push_back(std::chrono::steady_clock::now()); }
+  std::vector<double> take_marks() {
+    std::vector<double> s(marks_.size());
+    for (std::size_t i = 0; i < marks_.size(); ++i) s[i] = std::chrono::duration<double>(marks_[i] - marks_[0]).count();
+    marks_.clear();
+    return s;
+  }
+
  private:
   arena arena_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
   input_fill fill_;  // of the last stage(); the trainer loads only what it staged
 };
 

@@ -70,6 +70,11 @@ inline event_handle make_event() {
   ETUDE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return event_handle(e);
 }
+inline event_handle make_timing_event() {
+  cudaEvent_t e = nullptr;
+  ETUDE_CUDA_CHECK(cudaEventCreate(&e));
+  return event_handle(e);
+}
 
 // The context of a device, with a clear error when there is none.
 inline int checked_device(int device) {
@@ -280,6 +285,23 @@ class step_executor<backend::cuda> {
     last_staged_ = in.bytes;
   }
 
+  // Op timing of an observed (eager) step: an event recorded on the compute stream per mark, read
+  // after run() has waited for the stream; the pool of events grows to the most marks of a step.
+  void mark() {
+    if (marks_used_ == marks_.size()) marks_.push_back(cuda::detail::make_timing_event());
+    ETUDE_CUDA_CHECK(cudaEventRecord(marks_[marks_used_++].get(), ctx_.stream()));
+  }
+  std::vector<double> take_marks() {
+    std::vector<double> s(marks_used_, 0.0);
+    for (std::size_t i = 1; i < marks_used_; ++i) {
+      float ms = 0.0f;
+      ETUDE_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[0].get(), marks_[i].get()));
+      s[i] = static_cast<double>(ms) * 1e-3;
+    }
+    marks_used_ = 0;
+    return s;
+  }
+
   // Graphs on (default) or eager launches of the same operations.
   void use_graphs(bool on) { graphs_on_ = on; }
   bool using_graphs() const { return graphs_on_; }
@@ -413,6 +435,8 @@ class step_executor<backend::cuda> {
   std::vector<std::pair<index_t, index_t>> warmed_;  // (nb, steps) shapes that had an eager step
   std::vector<cached_graph> graphs_;
   long graph_clock_ = 0;
+  std::vector<cuda::detail::event_handle> marks_;  // mark()'s events, reused from step to step
+  std::size_t marks_used_ = 0;
 };
 
 }  // namespace etude

@@ -287,53 +287,94 @@ struct trainer<Config, Backend>::gradient_flow {
   }
 };
 
-// Tells a step_observer what the model's passes tell a pass_observer: the time of every op (the
-// device synchronised first) and, when the observer reads values, each tensor the op wrote and
-// each weight it read, downloaded and widened to float.
+// Tells a step_observer what the model's passes tell a pass_observer. An observer that reads
+// values is told each op as it happens (the device synchronised first, each tensor the op wrote
+// and each weight it read downloaded and widened to float). One that only times is told after
+// the step, from marks the executor recorded between the ops (a host clock on the CPU, CUDA
+// events on a GPU: nothing waits inside the step).
 template <class Config, class Backend>
 class trainer<Config, Backend>::host_observer final : public pass_observer {
  public:
-  host_observer(trainer& t, step_observer& to) : t_(t), to_(to), last_(clock::now()) {}
+  host_observer(trainer& t, step_observer& to) : t_(t), to_(to), immediate_(to.reads_values()), last_(clock::now()) {
+    if (!immediate_) t_.exec_.mark();
+  }
 
-  void begin(const pass_shape& s) override { to_.begin(s); }
+  void begin(const pass_shape& s) override {
+    if (immediate_) to_.begin(s);
+    else queue_.push_back({true, s, {}, 0, 0});
+  }
 
   void op(const op_site& site, std::span<const observed_tensor> wrote) override {
+    if (!immediate_) {
+      t_.exec_.mark();
+      queue_.push_back({false, {}, site, seen_.size(), wrote.size()});
+      seen_.insert(seen_.end(), wrote.begin(), wrote.end());
+      return;
+    }
     if constexpr (!executor::host_resident) t_.exec_.context().synchronize();
     const auto end = clock::now();
     const double seconds = std::chrono::duration<double>(end - last_).count();
     tensors_.clear();
     weights_.clear();
-    if (to_.reads_values()) {
-      std::size_t used = 0;
-      for (const observed_tensor& w : wrote) {
-        host_tensor h;
-        h.seen = &w;
-        if (w.space == row_space::parameter) {
-          h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
-          h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
-        } else {
-          h.name = w.name;
-        }
-        h.values = read(w.data, w.type, w.size(), used);
-        tensors_.push_back(std::move(h));
+    std::size_t used = 0;
+    for (const observed_tensor& w : wrote) {
+      host_tensor h;
+      h.seen = &w;
+      if (w.space == row_space::parameter) {
+        h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
+        h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
+      } else {
+        h.name = w.name;
       }
-      if (site.weights > 0) {
-        const auto first = params::index_of(site.weight.kind, site.weight.layer, site.weight.codebook);
-        for (std::size_t i = first; i < first + static_cast<std::size_t>(site.weights) && i < params::count; ++i) {
-          const param_desc& d = params::entries[i];
-          weights_.push_back({static_cast<int>(i), param_name(d), d.rows, d.cols,
-                              read(t_.weights() + d.offset, stored_type_of<param_type>(), d.numel(), used)});
-        }
+      h.values = read(w.data, w.type, w.size(), used);
+      tensors_.push_back(std::move(h));
+    }
+    if (site.weights > 0) {
+      const auto first = params::index_of(site.weight.kind, site.weight.layer, site.weight.codebook);
+      for (std::size_t i = first; i < first + static_cast<std::size_t>(site.weights) && i < params::count; ++i) {
+        const param_desc& d = params::entries[i];
+        weights_.push_back({static_cast<int>(i), param_name(d), d.rows, d.cols,
+                            read(t_.weights() + d.offset, stored_type_of<param_type>(), d.numel(), used)});
       }
-    } else {
-      for (const observed_tensor& w : wrote) tensors_.push_back({&w, w.name, -1, {}});
     }
     to_.op({site, seconds, std::chrono::duration<double>(end - start_).count(), tensors_, weights_});
     last_ = clock::now();  // the observer's own time is no op's
   }
 
+  // After the step (executor::run has waited for it): a timing observer is told every op.
+  void finish() {
+    if (immediate_) return;
+    const std::vector<double> marks = t_.exec_.take_marks();
+    std::size_t m = 0;
+    for (const queued& q : queue_) {
+      if (q.begin) {
+        to_.begin(q.shape);
+        continue;
+      }
+      ++m;
+      const double at = m < marks.size() ? marks[m] : 0.0, before = m - 1 < marks.size() ? marks[m - 1] : 0.0;
+      tensors_.clear();
+      for (std::size_t i = q.first; i < q.first + q.count; ++i) {
+        const observed_tensor& w = seen_[i];
+        host_tensor h{&w, w.name, -1, {}};
+        if (w.space == row_space::parameter) {
+          h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
+          h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
+        }
+        tensors_.push_back(std::move(h));
+      }
+      to_.op({q.site, at - before, at, tensors_, {}});
+    }
+  }
+
  private:
   using clock = std::chrono::steady_clock;
+  struct queued {
+    bool begin;
+    pass_shape shape;
+    op_site site;
+    std::size_t first, count;  // its tensors in seen_
+  };
 
   // n values of a tensor as float on the host (f32 in host memory: the tensor itself)
   std::span<const float> read(const void* data, stored_type type, index_t n, std::size_t& used) {
@@ -358,11 +399,14 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
 
   trainer& t_;
   step_observer& to_;
+  bool immediate_;
   clock::time_point last_;
   clock::time_point start_ = last_;
   std::vector<host_tensor> tensors_;
   std::vector<host_weight> weights_;
   std::vector<std::vector<float>> buffers_;
+  std::vector<queued> queue_;
+  std::vector<observed_tensor> seen_;  // copies: the model's lists live only during its call
 };
 
 // Every operation of a step, in order, with no host synchronisation and no allocation: what a
@@ -487,6 +531,7 @@ void trainer<Config, Backend>::launch(int slot, index_t nb, index_t steps, bool 
     // observed: eagerly, never as a captured graph
     host_observer seen(*this, *observer);
     exec_.run(slot, nb, steps, false, [&] { enqueue(slot, nb, steps, update, observer_ref{&seen}); });
+    seen.finish();
   }
   grads_.device_changed();
   if constexpr (policy::has_master) working_.device_changed();
