@@ -300,14 +300,24 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
   }
 
   void begin(const pass_shape& s) override {
-    if (immediate_) to_.begin(s);
-    else queue_.push_back({true, s, {}, 0, 0});
+    if (immediate_) {
+      to_.begin(s);
+      return;
+    }
+    queued q;
+    q.begin = true;
+    q.shape = s;
+    queue_.push_back(q);
   }
 
   void op(const op_site& site, std::span<const observed_tensor> wrote) override {
     if (!immediate_) {
       t_.exec_.mark();
-      queue_.push_back({false, {}, site, seen_.size(), wrote.size()});
+      queued q;
+      q.site = site;
+      q.first = seen_.size();
+      q.count = wrote.size();
+      queue_.push_back(q);
       seen_.insert(seen_.end(), wrote.begin(), wrote.end());
       return;
     }
@@ -337,7 +347,13 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
                             read(t_.weights() + d.offset, stored_type_of<param_type>(), d.numel(), used)});
       }
     }
-    to_.op({site, seconds, std::chrono::duration<double>(end - start_).count(), tensors_, weights_});
+    observed_op o;
+    o.site = site;
+    o.seconds = seconds;
+    o.at = std::chrono::duration<double>(end - start_).count();
+    o.wrote = tensors_;
+    o.read = weights_;
+    to_.op(o);
     last_ = clock::now();  // the observer's own time is no op's
   }
 
@@ -356,24 +372,31 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
       tensors_.clear();
       for (std::size_t i = q.first; i < q.first + q.count; ++i) {
         const observed_tensor& w = seen_[i];
-        host_tensor h{&w, w.name, -1, {}};
+        host_tensor h;
+        h.seen = &w;
+        h.name = w.name;
         if (w.space == row_space::parameter) {
           h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
           h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
         }
         tensors_.push_back(std::move(h));
       }
-      to_.op({q.site, at - before, at, tensors_, {}});
+      observed_op o;
+      o.site = q.site;
+      o.seconds = at - before;
+      o.at = at;
+      o.wrote = tensors_;
+      to_.op(o);
     }
   }
 
  private:
   using clock = std::chrono::steady_clock;
   struct queued {
-    bool begin;
-    pass_shape shape;
-    op_site site;
-    std::size_t first, count;  // its tensors in seen_
+    bool begin = false;
+    pass_shape shape{};
+    op_site site{};
+    std::size_t first = 0, count = 0;  // its tensors in seen_
   };
 
   // n values of a tensor as float on the host (f32 in host memory: the tensor itself)
