@@ -78,8 +78,13 @@ step_bench=$build/bench/step_bench
     echo "PyPI torch: $("$torch2" -c 'import torch; print(torch.__version__, "MKL" if torch.backends.mkl.is_available() else "no MKL")')" \
          "— reported as shipped: it links MKL, which takes a slow path on AMD processors; no override applied"
   fi
-} >&2
+}
 "${load[@]}" --idle 3 | tee -a "$out"
+/usr/bin/python3 -c 'import json, sys
+o = json.loads(open(sys.argv[1]).readlines()[-1])["others_cores"]
+if o < 0 or o > float(sys.argv[2]):
+    print(f"WARNING: before the run other processes used {o:.2f} cores; figures will be marked CONTENDED")' \
+  "$out" "$max_others"
 
 for round in $(seq 1 "$rounds"); do
   for ceiling in fma_peak bf16_dot_peak ceiling bf16_gemm; do
