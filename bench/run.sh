@@ -35,6 +35,10 @@ rounds=${ETUDE_BENCH_ROUNDS:-3}
 configs=${ETUDE_BENCH_CONFIGS:-tiny small}
 max_others=${ETUDE_BENCH_MAX_OTHERS:-0.1}
 venv=$root/build/bench-venv
+if ! [[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 && $steps =~ ^[0-9]+$ && $steps -ge 1 ]]; then
+  echo "ETUDE_BENCH_ROUNDS and ETUDE_BENCH_STEPS must be whole numbers of at least 1" >&2
+  exit 2
+fi
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DETUDE_BUILD_TESTS=OFF -DETUDE_BUILD_EXAMPLES=OFF \
       -DETUDE_BUILD_BENCH=ON >/dev/null
@@ -75,8 +79,11 @@ step_bench=$build/bench/step_bench
   echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) online;" \
        "$threads threads each; steps: $steps timed; rounds: $rounds; contended above $max_others cores of others"
   if [[ -n $torch2 ]]; then
-    echo "PyPI torch: $("$torch2" -c 'import torch; print(torch.__version__, "MKL" if torch.backends.mkl.is_available() else "no MKL")')" \
-         "— reported as shipped: it links MKL, which takes a slow path on AMD processors; no override applied"
+    "$torch2" -c 'import torch
+mkl = torch.backends.mkl.is_available()
+print(f"PyPI torch {torch.__version__}, reported as shipped:",
+      "it links MKL, which takes a slow path on AMD processors; no override applied" if mkl else "without MKL")' \
+      2>/dev/null
   fi
 }
 "${load[@]}" --idle 3 | tee -a "$out"
@@ -85,6 +92,17 @@ o = json.loads(open(sys.argv[1]).readlines()[-1])["others_cores"]
 if o < 0 or o > float(sys.argv[2]):
     print(f"WARNING: before the run other processes used {o:.2f} cores; figures will be marked CONTENDED")' \
   "$out" "$max_others"
+
+# A peer that fails (a compiler error in torch.compile, say) is noted and the run goes on; etude's
+# own failures stop it.
+failed=()
+peer() {
+  local who=$1
+  shift
+  if ! "${torch_env[@]}" "${load[@]}" "${tags[@]}" --tag who="$who" -- "$@" | tee -a "$out"; then
+    failed+=("$who failed on $name in round $round; its error is above")
+  fi
+}
 
 for round in $(seq 1 "$rounds"); do
   for ceiling in fma_peak bf16_dot_peak ceiling bf16_gemm; do
@@ -103,13 +121,11 @@ for round in $(seq 1 "$rounds"); do
       "${clean_env[@]}" "${load[@]}" "${tags[@]}" --tag who="etude $precision" -- \
         "$step_bench" "$name" --precision "$precision" --steps "$steps" | tee -a "$out"
     done
-    "${torch_env[@]}" "${load[@]}" "${tags[@]}" --tag who="torch 1.13 fp32" -- \
-      /usr/bin/python3 "$here/torch_step.py" "${shape[@]}" --steps "$((steps + 1))" | tee -a "$out"
+    peer "torch 1.13 fp32" /usr/bin/python3 "$here/torch_step.py" "${shape[@]}" --steps "$((steps + 1))"
     if [[ -n $torch2 ]]; then
-      "${torch_env[@]}" "${load[@]}" "${tags[@]}" --tag who="torch 2 compiled fp32" -- \
-        "$torch2" "$here/torch_step.py" "${shape[@]}" --compile --steps "$((steps + 2))" | tee -a "$out"
-      "${torch_env[@]}" "${load[@]}" "${tags[@]}" --tag who="torch 2 compiled bf16" -- \
-        "$torch2" "$here/torch_step.py" "${shape[@]}" --compile --bf16 --steps "$((steps + 2))" | tee -a "$out"
+      peer "torch 2 compiled fp32" "$torch2" "$here/torch_step.py" "${shape[@]}" --compile --steps "$((steps + 2))"
+      peer "torch 2 compiled bf16" "$torch2" "$here/torch_step.py" "${shape[@]}" --compile --bf16 \
+        --steps "$((steps + 2))"
     fi
   done
 done
@@ -118,4 +134,5 @@ echo
 report=(/usr/bin/python3 "$here/step_report.py" "$out" --max-others "$max_others")
 [[ ${ETUDE_BENCH_STRICT:-0} == 1 ]] && report+=(--strict)
 for s in "${skipped[@]}"; do report+=(--skipped "$s"); done
+for f in "${failed[@]}"; do report+=(--failed "$f"); done
 "${report[@]}"

@@ -5,7 +5,7 @@ Reads the JSON lines run.sh collected (step_bench's and torch_step.py's, each ta
 bench/cpu_load.py with "who", "config" and "round"). A figure whose timed window saw other
 processes use more than --max-others cores (or whose load could not be read) is marked
 CONTENDED with the load; --strict refuses to print figures at all when any is contended.
-  step_report.py LINES.jsonl [--max-others 0.1] [--strict] [--skipped "WHO: why" ...]
+  step_report.py LINES.jsonl [--max-others 0.1] [--strict] [--skipped "WHO: why" ...] [--failed "..." ...]
 """
 
 import argparse
@@ -75,7 +75,8 @@ def main():
     ap.add_argument("lines")
     ap.add_argument("--max-others", type=float, default=0.1)
     ap.add_argument("--strict", action="store_true")
-    ap.add_argument("--skipped", action="append", default=[])
+    ap.add_argument("--skipped", action="append", default=[], help="a contender not run, and why")
+    ap.add_argument("--failed", action="append", default=[], help="a peer's run that failed")
     args = ap.parse_args()
     limit = args.max_others
 
@@ -174,7 +175,11 @@ def main():
                   f"{'  CONTENDED' if bad else ''}")
 
     print()
-    if n_bad:
+    for line in args.failed:
+        print(f"FAILED: {line}")
+    if not n_all:
+        print("VERDICT: no figures were taken.")
+    elif n_bad:
         print(f"VERDICT: {n_bad} of {n_all} figures were taken while other processes used more than {limit} cores "
               f"(or their load could not be read): CONTENDED, not fit to quote. Rerun on a quiet machine "
               f"(ETUDE_BENCH_MAX_OTHERS sets the limit; ETUDE_BENCH_STRICT=1 refuses instead of marking).")
