@@ -1,10 +1,15 @@
 // Step benchmark: ms/step, tokens/s (B·T frames per second) and achieved GFLOP/s of etude's CPU
-// training step for the tiny and small configurations of the core issue, plus the machine's
-// sgemm ceiling measured in the same run. Prints one JSON line per measurement.
+// training step for the tiny and small configurations of the core issue, in fp32 or bf16, and the
+// machine's ceilings measured in the same run: the fp32 FMA peak, the bf16 dot-product peak (n/a
+// without AVX512_BF16), the sgemm ceiling and the bf16 product etude uses (backend::cpu::gemm on
+// bf16 operands). Prints one JSON line per measurement, with the CPU time other processes took
+// during its timed window (cpu_load.hpp), which bench/run.sh uses to mark contended figures.
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
 // against the same model without conditions, steps of the two interleaved so that load on a shared
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
-//   step_bench [tiny|small|ceiling|cond|all] [--steps N]
+//   step_bench [tiny|small|ceiling|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
+//              [--precision fp32|bf16]
+// `all` runs the four ceilings and both configurations in the chosen precision.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +19,8 @@
 
 #include <etude/etude.hpp>
 
+#include "cpu_load.hpp"
+#include "peaks.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -26,10 +33,10 @@ double seconds_since(clock_type::time_point t0) {
 
 using etude_bench::median;
 
-template <etude::shape Shape>
+template <etude::shape Shape, class Precision>
 void bench_step(const char* name, etude::index_t batch, etude::index_t frames, int steps) {
   using lm = etude::model<Shape, etude::pattern::delay<0, 1, 2, 3>>;
-  using cfg = etude::train_config<lm>;
+  using cfg = etude::train_config<lm, Precision>;
   etude::hyper h;
   h.lr = 1e-4;
   h.warmup_steps = 0;
@@ -39,37 +46,64 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
   etude::rng r(1);
   for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(Shape.card));
   std::vector<double> times;
-  for (int s = 0; s < steps + 1; ++s) {
+  tr.step(b);  // the first step sizes the buffers
+  const auto load0 = etude_bench::sample_cpu();
+  for (int s = 0; s < steps; ++s) {
     const auto t0 = clock_type::now();
     tr.step(b);
-    if (s > 0) times.push_back(seconds_since(t0));  // the first step sizes the buffers
+    times.push_back(seconds_since(t0));
   }
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
   const double sec = median(times);
   const double sequence = static_cast<double>(lm::pattern::steps(Shape.codebooks, frames));
   const double flops = lm::train_flops(static_cast<double>(batch) * sequence, sequence);
-  std::printf("{\"bench\": \"%s\", \"ms_per_step\": %.1f, \"tokens_per_s\": %.0f, \"gflops\": %.1f, \"steps\": %d, "
-              "\"threads\": %d}\n",
-              name, sec * 1e3, static_cast<double>(batch * frames) / sec, flops / sec / 1e9, steps,
-              etude::backend::cpu::threads());
+  std::printf("{\"bench\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.1f, \"tokens_per_s\": %.0f, "
+              "\"gflops\": %.1f, \"steps\": %d, \"threads\": %d, %s}\n",
+              name, etude::precision::name_of<Precision>().c_str(), sec * 1e3,
+              static_cast<double>(batch * frames) / sec, flops / sec / 1e9, steps, etude::backend::cpu::threads(),
+              load.json().c_str());
   std::fflush(stdout);
 }
 
-// Best sgemm rate over square and training-shaped products: the matrix-multiply ceiling.
-void bench_ceiling() {
+// Best rate of backend::cpu::gemm over square products with operands of type T (float: OpenBLAS
+// sgemm, the fp32 matrix-multiply ceiling; etude::bf16: whatever path the backend takes for the
+// bf16 policy's forward products), median of 5 each.
+template <class T>
+void bench_gemm(const char* name, const char* op) {
+  const auto load0 = etude_bench::sample_cpu();
   double best = 0;
+  std::vector<float> workspace(static_cast<std::size_t>(etude::backend::cpu::gemm_workspace_floats));
   for (etude::index_t n : {1024, 2048}) {
-    std::vector<float> a(static_cast<std::size_t>(n * n), 0.5f), b(a), c(a.size());
-    etude::backend::cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    std::vector<T> a(static_cast<std::size_t>(n * n), T(0.5f)), b(a), c(a.size());
+    auto product = [&] {
+      etude::backend::cpu::gemm(false, true, n, n, n, 1.0, a.data(), n, b.data(), n, 0.0, c.data(), n,
+                                workspace.data());
+    };
+    product();
     std::vector<double> times;
     for (int i = 0; i < 5; ++i) {
       const auto t0 = clock_type::now();
-      etude::backend::cpu::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      product();
       times.push_back(seconds_since(t0));
     }
     best = std::max(best, 2.0 * n * n * n / median(times) / 1e9);
   }
-  std::printf("{\"bench\": \"sgemm_ceiling\", \"gflops\": %.1f, \"threads\": %d}\n", best,
-              etude::backend::cpu::threads());
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  std::printf("{\"bench\": \"%s\", \"op\": \"%s\", \"gflops\": %.1f, \"threads\": %d, %s}\n", name, op, best,
+              etude::backend::cpu::threads(), load.json().c_str());
+  std::fflush(stdout);
+}
+
+void bench_peak(const char* name, etude_bench::peak (*measure)()) {
+  const auto load0 = etude_bench::sample_cpu();
+  const auto p = measure();
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  if (p.available)
+    std::printf("{\"bench\": \"%s\", \"gflops\": %.1f, \"isa\": \"%s\", \"threads\": %d, %s}\n", name, p.gflops,
+                p.isa.c_str(), p.threads, load.json().c_str());
+  else
+    std::printf("{\"bench\": \"%s\", \"gflops\": null, \"isa\": \"%s\", \"threads\": %d}\n", name, p.isa.c_str(),
+                p.threads);
   std::fflush(stdout);
 }
 
@@ -100,7 +134,9 @@ void bench_conditions(int steps) {
   for (auto& x : bc.embeddings) x = static_cast<float>(r.uniform(-1.0, 1.0));
   bc.embedding_mask.assign(static_cast<std::size_t>(batch * conds::embedding_positions), 1);
   std::vector<double> tp, tc;
+  auto load0 = etude_bench::sample_cpu();
   for (int s = 0; s < steps + 1; ++s) {  // the first step of each sizes its buffers
+    if (s == 1) load0 = etude_bench::sample_cpu();
     auto t0 = clock_type::now();
     plain.step(b);
     if (s > 0) tp.push_back(seconds_since(t0));
@@ -108,6 +144,7 @@ void bench_conditions(int steps) {
     cond.step(bc);
     if (s > 0) tc.push_back(seconds_since(t0));
   }
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
   const double mp = median(tp), mc = median(tc);
   const double seq = static_cast<double>(pat::steps(tiny.codebooks, frames));
   const double d = tiny.dim;
@@ -117,27 +154,44 @@ void bench_conditions(int steps) {
   std::printf("{\"bench\": \"cond_cross\", \"batch\": %ld, \"frames\": %ld, \"cond_positions\": %d, "
               "\"cond_width\": %d, \"plain_ms\": %.1f, \"cond_ms\": %.1f, \"time_ratio\": %.3f, "
               "\"plain_gflop\": %.2f, \"extra_gflop\": %.2f, \"flop_ratio\": %.3f, "
-              "\"extra_ms_at_plain_rate\": %.1f, \"steps\": %d, \"threads\": %d}\n",
+              "\"extra_ms_at_plain_rate\": %.1f, \"steps\": %d, \"threads\": %d, %s}\n",
               static_cast<long>(batch), static_cast<long>(frames), lc, width, mp * 1e3, mc * 1e3, mc / mp,
               plain_flops / 1e9, extra_flops / 1e9, (plain_flops + extra_flops) / plain_flops,
-              extra_flops / (plain_flops / mp) * 1e3, steps, etude::backend::cpu::threads());
+              extra_flops / (plain_flops / mp) * 1e3, steps, etude::backend::cpu::threads(), load.json().c_str());
   std::fflush(stdout);
+}
+
+template <class Precision>
+void bench_configs(const std::string& which, int steps) {
+  if (which == "tiny" || which == "all")
+    bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4}, Precision>("tiny", 8,
+                                                                                                            256, steps);
+  if (which == "small" || which == "all")
+    bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 512, .heads = 8, .layers = 8}, Precision>("small", 4,
+                                                                                                            512, steps);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string which = "all";
+  std::string which = "all", precision = "fp32";
   int steps = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--precision") == 0 && i + 1 < argc) precision = argv[++i];
     else which = argv[i];
   }
-  if (which == "ceiling" || which == "all") bench_ceiling();
-  if (which == "tiny" || which == "all")
-    bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4}>("tiny", 8, 256, steps);
-  if (which == "small" || which == "all")
-    bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 512, .heads = 8, .layers = 8}>("small", 4, 512, steps);
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "step_bench: --precision is fp32 or bf16, not %s\n", precision.c_str());
+    return 2;
+  }
+  if (which == "fma_peak" || which == "all") bench_peak("fma_peak", etude_bench::fma_peak);
+  if (which == "bf16_dot_peak" || which == "all") bench_peak("bf16_dot_peak", etude_bench::bf16_dot_peak);
+  if (which == "ceiling" || which == "all") bench_gemm<float>("sgemm_ceiling", "backend::cpu::gemm<float> (cblas_sgemm)");
+  if (which == "bf16_gemm" || which == "all")
+    bench_gemm<etude::bf16>("bf16_gemm", "backend::cpu::gemm<bf16, bf16, bf16>");
+  if (precision == "fp32") bench_configs<etude::precision::fp32>(which, steps);
+  else bench_configs<etude::precision::bf16>(which, steps);
   if (which == "cond") bench_conditions(steps);
   return 0;
 }
