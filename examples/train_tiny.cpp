@@ -562,7 +562,6 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   }
   if (resumed)
     std::printf("resuming %s at step %ld\n", o.run_dir.string().c_str(), trainer.steps_done());
-  if (!o.plant_nan.empty()) plant_nan(trainer, o.plant_nan);
   if (dataset && !train_loader) train_loader.emplace(dataset->split("train"), lc);
   // every record follows the checkpoint: later metrics lines and TensorBoard events are cut off
   if (held) held->rewind(trainer.steps_done());
@@ -631,6 +630,8 @@ int run(const options& o, Trainer& trainer, const std::string& command, const wo
   etude::eval_stats last_valid = validate(trainer, valid);
   std::printf("valid at step %ld: ce %.3f | unigram baseline %.3f |%s\n", trainer.steps_done(), last_valid.ce,
               valid.unigram, per_codebook(valid.unigram_ce).c_str());
+  // the drill's NaN after that validation, so that the first training step meets it
+  if (!o.plant_nan.empty()) plant_nan(trainer, o.plant_nan);
 
   auto checkpoint = [&](bool async) {
     // the records a checkpoint covers reach the disk before it does

@@ -286,7 +286,7 @@ TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[
   } catch (const etude::non_finite& e) {
     INFO(e.what());
     CHECK(std::string(e.what()).find("step 1") != std::string::npos);
-    CHECK(std::string(e.what()).find("no parameter or optimiser state was changed") != std::string::npos);
+    CHECK(std::string(e.what()).find("No parameter or optimiser state was changed") != std::string::npos);
   }
   CHECK(snapshot(tr) == before);
 }
