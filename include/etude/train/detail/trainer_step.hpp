@@ -328,14 +328,7 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
     weights_.clear();
     std::size_t used = 0;
     for (const observed_tensor& w : wrote) {
-      host_tensor h;
-      h.seen = &w;
-      if (w.space == row_space::parameter) {
-        h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
-        h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
-      } else {
-        h.name = w.name;
-      }
+      host_tensor h = named(w);
       h.values = read(w.data, w.type, w.size(), used);
       tensors_.push_back(std::move(h));
     }
@@ -370,17 +363,7 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
       ++m;
       const double at = m < marks.size() ? marks[m] : 0.0, before = m - 1 < marks.size() ? marks[m - 1] : 0.0;
       tensors_.clear();
-      for (std::size_t i = q.first; i < q.first + q.count; ++i) {
-        const observed_tensor& w = seen_[i];
-        host_tensor h;
-        h.seen = &w;
-        h.name = w.name;
-        if (w.space == row_space::parameter) {
-          h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
-          h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
-        }
-        tensors_.push_back(std::move(h));
-      }
+      for (std::size_t i = q.first; i < q.first + q.count; ++i) tensors_.push_back(named(seen_[i]));
       observed_op o;
       o.site = q.site;
       o.seconds = at - before;
@@ -398,6 +381,18 @@ class trainer<Config, Backend>::host_observer final : public pass_observer {
     op_site site{};
     std::size_t first = 0, count = 0;  // its tensors in seen_
   };
+
+  // A written tensor as the observer names it (values not read yet).
+  static host_tensor named(const observed_tensor& w) {
+    host_tensor h;
+    h.seen = &w;
+    h.name = w.name;
+    if (w.space == row_space::parameter) {
+      h.param = static_cast<int>(params::index_of(w.param.kind, w.param.layer, w.param.codebook));
+      h.name = "gradient of " + param_name(params::entries[static_cast<std::size_t>(h.param)]);
+    }
+    return h;
+  }
 
   // n values of a tensor as float on the host (f32 in host memory: the tensor itself)
   std::span<const float> read(const void* data, stored_type type, index_t n, std::size_t& used) {
