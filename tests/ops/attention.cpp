@@ -13,10 +13,10 @@ using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
 
-TEST_CASE("causal attention backward matches central differences", "[ops]") {
+namespace {
+
+void check_attention_gradient(index_t batch, index_t steps, int heads, std::size_t stride) {
   constexpr index_t head_dim = 3;
-  const index_t batch = 2, steps = cpu::attention_rows + 9;  // two row blocks
-  const int heads = 2;
   const index_t d = heads * head_dim;
   auto qkv = random_vector(batch * steps * 3 * d, 5);
   const auto dout = random_vector(batch * steps * d, 6);
@@ -31,7 +31,21 @@ TEST_CASE("causal attention backward matches central differences", "[ops]") {
   std::vector<double> dqkv(qkv.size());
   cpu::attention_bwd<head_dim>(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads,
                                scratch.data(), index_t(scratch.size()));
-  check_gradient(qkv, dqkv, loss, "dqkv", 5);
+  check_gradient(qkv, dqkv, loss, "dqkv", stride);
+}
+
+}  // namespace
+
+TEST_CASE("causal attention backward matches central differences", "[ops]") {
+  // two row blocks of a short sequence's height
+  check_attention_gradient(2, cpu::attention_rows(64) + 9, 2, 5);
+}
+
+TEST_CASE("causal attention in a long sequence's taller blocks matches central differences", "[ops]") {
+  const index_t steps = 600;  // above 512: blocks of 128 rows, the last one partial
+  REQUIRE(cpu::attention_rows(steps) == 128);
+  REQUIRE(cpu::attention_rows(cpu::attention_rows(64) + 9) == 64);
+  check_attention_gradient(1, steps, 1, 97);
 }
 
 TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops]") {

@@ -1,6 +1,10 @@
 // The CPU's causal self-attention (spec: ops/attention.hpp): per (sequence, head), query rows in
 // blocks against only the keys at or before the block's last row, the products through CBLAS in
 // the compute type; the backward recomputes the probabilities from q, k and lse.
+// Measured on 2 AVX2 cores (one head dim 64, bench: step_bench tiny_long --profile): the products
+// are most of the time, and CBLAS runs them faster in taller blocks once a row's keys outnumber the
+// masked corner a tall diagonal block wastes, so long sequences take blocks of 128 rows
+// (T=2048: 25 -> 34 GFLOP/s forward, 34 -> 41 backward; T=512: either, T=256: 64 rows win).
 #pragma once
 
 #include <omp.h>
@@ -21,15 +25,16 @@ namespace etude::backend {
 struct cpu_attention {
   // Causal multi-head self-attention over packed qkv (B·S, 3D) → att (B·S, D) and the
   // log-sum-exp of each score row, lse (B·S, H). Scores are 1/sqrt(hd)·q·k. Query rows go in
-  // blocks of `attention_rows`; a block only meets the keys at or before its last row, so the
+  // blocks of `attention_rows(S)`; a block only meets the keys at or before its last row, so the
   // masked upper triangle is never computed (beyond the diagonal blocks). With 16-bit qkv each
   // (sequence, head) is widened into the thread's slot first and its results rounded once.
-  static constexpr index_t attention_rows = 64;
+  static constexpr index_t max_attention_rows = 128;
+  static constexpr index_t attention_rows(index_t steps) { return steps > 512 ? max_attention_rows : 64; }
 
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float.
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
-    return 2 * attention_rows * steps + (staged ? 7 * steps * head_dim : 0);
+    return 2 * attention_rows(steps) * steps + (staged ? 7 * steps * head_dim : 0);
   }
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
@@ -68,7 +73,7 @@ struct cpu_attention {
       if constexpr (!staged) {
         attention_fwd_head(p, q, q + d, q + 2 * d, ld, out, d, l, heads, steps, head_dim);
       } else {
-        F* qf = p + 2 * attention_rows * steps;
+        F* qf = p + 2 * attention_rows(steps) * steps;
         F* kf = qf + steps * head_dim;
         F* vf = kf + steps * head_dim;
         F* of = vf + steps * head_dim;
@@ -104,7 +109,7 @@ struct cpu_attention {
         attention_bwd_head(p, q, q + d, q + 2 * d, ld, dout, d, dq, dq + d, dq + 2 * d, ld, l, heads, steps, head_dim);
       } else {
         const index_t n = steps * head_dim;
-        F* qf = p + 2 * attention_rows * steps;
+        F* qf = p + 2 * attention_rows(steps) * steps;
         F *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
         cpu_detail::widen_head(qf, q, ld, steps, head_dim);
         cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
@@ -119,19 +124,23 @@ struct cpu_attention {
   }
 
   // One head of one sequence: q, k, v rows with stride ld; out rows with stride ldo; lse with
-  // stride lse_ld. p: 2·attention_rows·steps of scratch.
+  // stride lse_ld. p: 2·attention_rows(steps)·steps of scratch. The probabilities meet V
+  // unnormalised; each output row is divided by its sum after the product (head_dim values, not
+  // a pass over the row's keys).
   template <class F, class O, class St>
   static void attention_fwd_head(F* p, const F* q, const F* k, const F* v, index_t ld, O* out, index_t ldo, St* lse,
                                  index_t lse_ld, index_t steps, index_t head_dim) {
     const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
-    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
+    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    F inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
       // scores (rows, i1) against keys 0 .. i1-1, row stride i1
       cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
       for (index_t i = i0; i < i1; ++i) {
         F* row = p + (i - i0) * i1;
         F mx = row[0];
+#pragma omp simd reduction(max : mx)
         for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
         F sum = F(0.0);
 #pragma omp simd reduction(+ : sum)
@@ -139,13 +148,17 @@ struct cpu_attention {
           row[j] = cpu_detail::vexp(row[j] - mx);
           sum += row[j];
         }
-        const F inv = F(1.0) / sum;
-#pragma omp simd
-        for (index_t j = 0; j <= i; ++j) row[j] *= inv;
+        inv[i - i0] = F(1.0) / sum;
         for (index_t j = i + 1; j < i1; ++j) row[j] = F(0.0);
         lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
       }
       cpu_detail::blas<F>(false, false, rows, head_dim, i1, F(1.0), p, i1, v, ld, F(0.0), out + i0 * ldo, ldo);
+      for (index_t r = 0; r < rows; ++r) {
+        O* o = out + (i0 + r) * ldo;
+        const F s = inv[r];
+#pragma omp simd
+        for (index_t c = 0; c < head_dim; ++c) o[c] = o[c] * s;
+      }
     }
   }
 
@@ -154,10 +167,10 @@ struct cpu_attention {
                                  F* dq, F* dk, F* dv, index_t ldd, const St* lse, index_t lse_ld, index_t steps,
                                  index_t head_dim) {
     const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
-    const index_t blocks = (steps + attention_rows - 1) / attention_rows;
-    F* dp = p + attention_rows * steps;
+    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    F* dp = p + block * steps;
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * attention_rows, i1 = std::min(steps, i0 + attention_rows), rows = i1 - i0;
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
       cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
       cpu_detail::blas<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, i1);
       for (index_t i = i0; i < i1; ++i) {
