@@ -22,7 +22,8 @@
 # and PyTorch gets OMP_WAIT_POLICY=passive, its best setting on 2 cores.
 #   ETUDE_BENCH_STEPS   timed steps per measurement (default 5)
 #   ETUDE_BENCH_ROUNDS  interleaved rounds (default 3)
-#   ETUDE_BENCH_CONFIGS which configurations (default "tiny small")
+#   ETUDE_BENCH_CONFIGS which configurations (default "tiny small"; tiny_long is tiny with one
+#                       sequence of 2048 frames, the same B·T as tiny: what long sequences cost)
 #   ETUDE_BENCH_TORCH2  0 skips PyPI's torch (default 1)
 #   ETUDE_BENCH_BUILD_JOBS  parallel compile jobs for step_bench (default the thread count)
 set -euo pipefail
@@ -111,8 +112,9 @@ for round in $(seq 1 "$rounds"); do
   for name in $configs; do
     case $name in
       tiny) read -r k c d h l b t <<<"4 2048 256 4 4 8 256" ;;
+      tiny_long) read -r k c d h l b t <<<"4 2048 256 4 4 1 2048" ;;
       small) read -r k c d h l b t <<<"4 2048 512 8 8 4 512" ;;
-      *) echo "unknown configuration $name (tiny, small)" >&2; exit 2 ;;
+      *) echo "unknown configuration $name (tiny, tiny_long, small)" >&2; exit 2 ;;
     esac
     shape=(--codebooks "$k" --card "$c" --dim "$d" --heads "$h" --layers "$l" --batch "$b" --frames "$t"
            --threads "$threads")

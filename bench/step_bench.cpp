@@ -3,19 +3,27 @@
 // machine's ceilings measured in the same run: the fp32 FMA peak, the bf16 dot-product peak (n/a
 // without AVX512_BF16), the sgemm ceiling and the bf16 product etude uses (backend::cpu::gemm on
 // bf16 operands). Prints one JSON line per measurement, with the CPU time other processes took
-// during its timed window (cpu_load.hpp), which bench/run.sh uses to mark contended figures.
+// during its timed window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and,
+// for a step, the minor page faults per timed step (a steady step should take none).
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
 // against the same model without conditions, steps of the two interleaved so that load on a shared
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
-//   step_bench [tiny|small|ceiling|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
-//              [--precision fp32|bf16]
-// `all` runs the four ceilings and both configurations in the chosen precision.
+// `tiny_long` is tiny with one 2048-frame sequence, the same B·T as tiny's 8 of 256: what long
+// sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
+// under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
+// each op kind's share of the step, attention's and the products' among them.
+//   step_bench [tiny|tiny_long|small|ceiling|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
+//              [--precision fp32|bf16] [--profile]
+// `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <etude/etude.hpp>
 
@@ -33,6 +41,44 @@ double seconds_since(clock_type::time_point t0) {
 
 using etude_bench::median;
 
+bool profile_steps = false;
+
+// Minor page faults of this process so far: a step that touches fresh pages (a buffer allocated
+// or released inside it) pays one each time, which a steady step should never do.
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Sums each op kind's time (forward, recomputation and backward of an op together) over the steps
+// it watches; timing only, so the step runs as it does unobserved.
+class op_profile final : public etude::step_observer {
+ public:
+  bool reads_values() const override { return false; }
+  void op(const etude::observed_op& op) override {
+    seconds_[std::string(op.site.op) + (op.site.phase == etude::pass_phase::backward ? " (bwd)" : "")] += op.seconds;
+    total_ += op.seconds;
+  }
+  std::string json() const {
+    std::vector<std::pair<double, std::string>> order;
+    for (const auto& [name, sec] : seconds_) order.emplace_back(sec, name);
+    std::sort(order.rbegin(), order.rend());
+    std::string out = "{";
+    for (const auto& [sec, name] : order) {
+      if (out.size() > 1) out += ", ";
+      char share[32];
+      std::snprintf(share, sizeof share, "%.4f", sec / total_);
+      out += "\"" + name + "\": " + share;
+    }
+    return out + "}";
+  }
+
+ private:
+  std::map<std::string, double> seconds_;
+  double total_ = 0.0;
+};
+
 template <etude::shape Shape, class Precision>
 void bench_step(const char* name, etude::index_t batch, etude::index_t frames, int steps) {
   using lm = etude::model<Shape, etude::pattern::delay<0, 1, 2, 3>>;
@@ -48,20 +94,28 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
   std::vector<double> times;
   tr.step(b);  // the first step sizes the buffers
   const auto load0 = etude_bench::sample_cpu();
+  const long faults0 = minor_faults();
   for (int s = 0; s < steps; ++s) {
     const auto t0 = clock_type::now();
     tr.step(b);
     times.push_back(seconds_since(t0));
   }
+  const double faults = static_cast<double>(minor_faults() - faults0) / steps;
   const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
   const double sec = median(times);
   const double sequence = static_cast<double>(lm::pattern::steps(Shape.codebooks, frames));
   const double flops = lm::train_flops(static_cast<double>(batch) * sequence, sequence);
+  std::string shares;
+  if (profile_steps) {
+    op_profile prof;
+    for (int s = 0; s < 2; ++s) tr.step(b, prof);
+    shares = ", \"op_shares\": " + prof.json();
+  }
   std::printf("{\"bench\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.1f, \"tokens_per_s\": %.0f, "
-              "\"gflops\": %.1f, \"steps\": %d, \"threads\": %d, %s}\n",
+              "\"gflops\": %.1f, \"page_faults_per_step\": %.0f, \"steps\": %d, \"threads\": %d, %s%s}\n",
               name, etude::precision::name_of<Precision>().c_str(), sec * 1e3,
-              static_cast<double>(batch * frames) / sec, flops / sec / 1e9, steps, etude::backend::cpu::threads(),
-              load.json().c_str());
+              static_cast<double>(batch * frames) / sec, flops / sec / 1e9, faults, steps,
+              etude::backend::cpu::threads(), load.json().c_str(), shares.c_str());
   std::fflush(stdout);
 }
 
@@ -166,6 +220,9 @@ void bench_configs(const std::string& which, int steps) {
   if (which == "tiny" || which == "all")
     bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4}, Precision>("tiny", 8,
                                                                                                             256, steps);
+  if (which == "tiny_long")
+    bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4}, Precision>(
+        "tiny_long", 1, 2048, steps);
   if (which == "small" || which == "all")
     bench_step<etude::shape{.codebooks = 4, .card = 2048, .dim = 512, .heads = 8, .layers = 8}, Precision>("small", 4,
                                                                                                             512, steps);
@@ -179,6 +236,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--precision") == 0 && i + 1 < argc) precision = argv[++i];
+    else if (std::strcmp(argv[i], "--profile") == 0) profile_steps = true;
     else which = argv[i];
   }
   if (precision != "fp32" && precision != "bf16") {

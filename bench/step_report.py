@@ -15,6 +15,7 @@ import sys
 
 CONFIGS = {
     "tiny": "K4 C2048 d256 L4 H4, B8 T256",
+    "tiny_long": "K4 C2048 d256 L4 H4, B1 T2048",
     "small": "K4 C2048 d512 L8 H8, B4 T512",
 }
 # (who, precision of the ceilings it is measured against)
