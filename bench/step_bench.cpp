@@ -21,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <sys/resource.h>
@@ -42,6 +43,13 @@ double seconds_since(clock_type::time_point t0) {
 using etude_bench::median;
 
 bool profile_steps = false;
+
+// The path products of two bf16 operands take (oneDNN or widened sgemm, and why), as a JSON field.
+std::string bf16_path_json() {
+  std::string path = etude::backend::cpu::bf16_products();
+  std::replace(path.begin(), path.end(), '"', '\'');
+  return ", \"bf16_products\": \"" + path + "\"";
+}
 
 // Minor page faults of this process so far: a step that touches fresh pages (a buffer allocated
 // or released inside it) pays one each time, which a steady step should never do.
@@ -112,10 +120,11 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
     shares = ", \"op_shares\": " + prof.json();
   }
   std::printf("{\"bench\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.1f, \"tokens_per_s\": %.0f, "
-              "\"gflops\": %.1f, \"page_faults_per_step\": %.0f, \"steps\": %d, \"threads\": %d, %s%s}\n",
+              "\"gflops\": %.1f, \"page_faults_per_step\": %.0f, \"steps\": %d, \"threads\": %d, %s%s%s}\n",
               name, etude::precision::name_of<Precision>().c_str(), sec * 1e3,
               static_cast<double>(batch * frames) / sec, flops / sec / 1e9, faults, steps,
-              etude::backend::cpu::threads(), load.json().c_str(), shares.c_str());
+              etude::backend::cpu::threads(), load.json().c_str(), shares.c_str(),
+              std::is_same_v<Precision, etude::precision::fp32> ? "" : bf16_path_json().c_str());
   std::fflush(stdout);
 }
 
@@ -143,8 +152,9 @@ void bench_gemm(const char* name, const char* op) {
     best = std::max(best, 2.0 * n * n * n / median(times) / 1e9);
   }
   const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
-  std::printf("{\"bench\": \"%s\", \"op\": \"%s\", \"gflops\": %.1f, \"threads\": %d, %s}\n", name, op, best,
-              etude::backend::cpu::threads(), load.json().c_str());
+  std::printf("{\"bench\": \"%s\", \"op\": \"%s\", \"gflops\": %.1f, \"threads\": %d, %s%s}\n", name, op, best,
+              etude::backend::cpu::threads(), load.json().c_str(),
+              std::is_same_v<T, etude::bf16> ? bf16_path_json().c_str() : "");
   std::fflush(stdout);
 }
 

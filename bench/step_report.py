@@ -117,6 +117,8 @@ def main():
         best = max(quiet or measured, key=lambda r: r["gflops"])
         ceiling[name] = best["gflops"]
         what = best.get("isa") or best.get("op", "")
+        if best.get("bf16_products"):
+            what += f" [{best['bf16_products']}]"
         print(f"  {title:24s} {best['gflops']:7.1f} GFLOP/s  {what}  "
               f"{'quiet' if quiet else mark(measured, limit)}")
 

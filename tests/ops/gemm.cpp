@@ -1,10 +1,13 @@
 // The matrix products on the CPU: every transpose against a double-precision naive product, on
 // CBLAS (double, float) and on the tiled path for 16-bit operands (several tiles in each
-// dimension), `=` and `+=`; the GELU epilogue against the pair it stands for.
+// dimension), `=` and `+=`; the GELU epilogue against the pair it stands for; two bf16 operands on
+// oneDNN where the program links it.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -74,7 +77,8 @@ TEST_CASE("gemm: every transpose, = and +=, against the naive product", "[ops]")
 }
 
 TEST_CASE("gemm with a 16-bit operand and no workspace is refused", "[ops]") {
-  std::vector<etude::bf16> a(4), b(4), c(4);
+  // fp16: a product of two bf16 operands may need none (oneDNN's path, below)
+  std::vector<etude::fp16> a(4), b(4), c(4);
   CHECK_THROWS_WITH(cpu::gemm(false, false, 2, 2, 2, 1.0, a.data(), 2, b.data(), 2, 0.0, c.data(), 2),
                     Catch::Contains("workspace"));
 }
@@ -98,4 +102,81 @@ TEST_CASE("gemm_gelu is the product then gelu_fwd, bit for bit", "[ops]") {
   check_gemm_gelu<float>();
   check_gemm_gelu<etude::bf16>();
   STATIC_REQUIRE_FALSE(etude::ops::fuses_gemm_gelu<cpu>);
+}
+
+// Products of two bf16 operands go to oneDNN's matmul in a program that links etude::dnnl, on a CPU
+// with bf16 dot-product instructions: the same products as the widened path (bf16·bf16 is exact in
+// float), summed in another order, so each result within a few float roundings of the sum of
+// |a·b|; repeated calls bit-identical; strides wider than the product, alpha and beta as given.
+template <class TC>
+void check_bf16_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha, double beta) {
+  INFO("ta " << ta << " tb " << tb << " m " << m << " n " << n << " k " << k << " alpha " << alpha << " beta "
+             << beta);
+  const index_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+  const auto a = stored<etude::bf16>(random_vector(std::size_t((ta ? k : m) * lda), 51));
+  const auto b = stored<etude::bf16>(random_vector(std::size_t((tb ? n : k) * ldb), 52));
+  const auto c0 = stored<TC>(random_vector(std::size_t(m * ldc), 53));
+  std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
+  auto run = [&] {
+    auto c = c0;
+    cpu::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, ws.data());
+    return c;
+  };
+  const auto got = run(), again = run();
+  CHECK(std::memcmp(got.data(), again.data(), got.size() * sizeof(TC)) == 0);
+  std::vector<double> want = widened(c0), magnitude(want.size());
+  const auto aw = widened(a), bw = widened(b);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double sum = 0, abs_sum = 0;
+      for (index_t p = 0; p < k; ++p) {
+        const double x = aw[std::size_t(ta ? p * lda + i : i * lda + p)] * bw[std::size_t(tb ? j * ldb + p : p * ldb + j)];
+        sum += x;
+        abs_sum += std::abs(x);
+      }
+      const std::size_t at = std::size_t(i * ldc + j);
+      want[at] = alpha * sum + beta * want[at];
+      magnitude[at] = std::abs(alpha) * abs_sum + std::abs(beta * widened(c0)[at]);
+    }
+  // float accumulation: k roundings of at most 2^-24 each; a bf16 result one more of 2^-8
+  const double rel = std::is_same_v<TC, float> ? double(k + 2) * 0x1p-24 : 0x1p-8 + double(k + 2) * 0x1p-24;
+  const auto g = widened(got);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      const std::size_t at = std::size_t(i * ldc + j);
+      if (std::abs(g[at] - want[at]) > rel * magnitude[at] + 1e-30) {
+        FAIL_CHECK("(" << i << ", " << j << "): " << g[at] << " against " << want[at]);
+        return;
+      }
+    }
+  // the padding between rows of C is never written
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = n; j < ldc; ++j)
+      CHECK(std::memcmp(&got[std::size_t(i * ldc + j)], &c0[std::size_t(i * ldc + j)], sizeof(TC)) == 0);
+}
+
+TEST_CASE("bf16 products: the path bf16_products() names, within float roundings of the exact sums", "[ops]") {
+  const std::string path = cpu::bf16_products();
+  INFO(path);
+#ifdef ETUDE_WITH_DNNL
+  CHECK(path.find("oneDNN") != std::string::npos);
+#else
+  CHECK(path.find("built without oneDNN") != std::string::npos);
+#endif
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_bf16_paths<float>(ta, tb, 37, 70, 300, 1.0, 0.0);
+      check_bf16_paths<float>(ta, tb, 37, 70, 300, 0.5, 1.0);
+      check_bf16_paths<etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
+      check_bf16_paths<etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
+    }
+#ifdef ETUDE_WITH_DNNL
+  // the widened path, as on a CPU without the instructions, meets the same bound
+  auto& dnnl = etude::backend::cpu_detail::dnnl_bf16_gemm::instance();
+  dnnl.set_enabled(false);
+  CHECK(cpu::bf16_products().find("widened") != std::string::npos);
+  check_bf16_paths<float>(true, false, 37, 70, 300, 0.5, 1.0);
+  check_bf16_paths<etude::bf16>(false, true, 64, 33, 129, 1.0, 0.0);
+  dnnl.set_enabled(true);
+#endif
 }

@@ -6,8 +6,10 @@
 // Storage types: every tensor argument may be float, double, etude::bf16 or etude::fp16
 // independently (precision policies give each role its dtype). Arithmetic is float (double when
 // the tensors are double): 16-bit values are widened on load and rounded to nearest even on
-// store, so a mixed-precision step computes here exactly what its dtypes allow. Matrix products
-// with 16-bit operands widen tiles into a fixed workspace and call sgemm on them.
+// store, so a mixed-precision step computes here exactly what its dtypes allow. Products of two
+// bf16 operands run on the CPU's bf16 dot-product instructions through oneDNN where the program
+// links etude::dnnl and the CPU has them (gemm.hpp); other products with 16-bit operands widen
+// tiles into a fixed workspace and call sgemm on them.
 //
 // One file per op, each implementing its spec (ops/<op>.hpp, listed in ops/op_set.hpp); this
 // struct gathers them into the op set. It declares no fusion: each fused form is its unfused

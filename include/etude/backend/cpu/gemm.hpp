@@ -1,17 +1,27 @@
 // The CPU's matrix products (spec: ops/gemm.hpp). All-float and all-double products go to CBLAS
-// (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool); any 16-bit operand
-// sends the product through gemm_tiled, which widens tiles into the caller's workspace. The GELU
-// epilogue is the product followed by gelu_fwd (the CPU declares no fusion).
+// (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16 operands go
+// to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float accumulation) in a
+// program that links etude::dnnl, on a CPU that has the instructions (detail/dnnl_gemm.hpp); any
+// other 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
+// multiplies them with sgemm. bf16_products() names the path taken. The GELU epilogue is the
+// product followed by gelu_fwd (the CPU declares no fusion).
 #pragma once
 
 #include <algorithm>
 #include <climits>
+#include <string>
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
+
+// nvcc's units never multiply on the host CPU; they are left without oneDNN's headers
+#if defined(ETUDE_WITH_DNNL) && !defined(__CUDACC__)
+#include "etude/backend/cpu/detail/dnnl_gemm.hpp"
+#define ETUDE_CPU_GEMM_DNNL 1
+#endif
 
 namespace etude::backend {
 
@@ -23,7 +33,21 @@ struct cpu_gemm {
   static constexpr bool gemm_is_blas = std::is_same_v<TA, TB> && std::is_same_v<TA, TC> &&
                                        (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
 
-  // Bytes of gemm workspace a precision policy's products need (0 when every product is BLAS).
+  template <class TA, class TB, class TC>
+  static constexpr bool gemm_is_bf16_dot = std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> &&
+                                           (std::is_same_v<TC, float> || std::is_same_v<TC, bf16>);
+
+  // The path products of two bf16 operands take in this program on this CPU, for run records.
+  static std::string bf16_products() {
+#ifdef ETUDE_CPU_GEMM_DNNL
+    return cpu_detail::dnnl_bf16_gemm::instance().describe();
+#else
+    return "fp32 sgemm on widened bf16 (built without oneDNN: link etude::dnnl)";
+#endif
+  }
+
+  // Bytes of gemm workspace a precision policy's products need (0 when every product is BLAS;
+  // the oneDNN path needs none, but a CPU without bf16 instructions falls back to widening).
   template <class Policy>
   static constexpr index_t gemm_workspace_bytes() {
     using W = typename Policy::param_t;
@@ -45,6 +69,15 @@ struct cpu_gemm {
     } else {
       static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TB, double> && !std::is_same_v<TC, double>,
                     "cpu::gemm: double operands cannot be mixed with other dtypes");
+#ifdef ETUDE_CPU_GEMM_DNNL
+      if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
+        if (k > 0 && cpu_detail::dnnl_bf16_gemm::instance().run(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda,
+                                                        b, ldb, static_cast<float>(beta), c, ldc,
+                                                        std::is_same_v<TC, bf16>, workspace,
+                                                        workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float)))
+          return;
+      }
+#endif
       if (workspace == nullptr)
         throw error("cpu::gemm: a product with a 16-bit operand needs a workspace of gemm_workspace_floats floats");
       gemm_tiled(workspace, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
