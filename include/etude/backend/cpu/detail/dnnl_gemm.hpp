@@ -69,12 +69,23 @@ class dnnl_bf16_gemm {
         if (own.size() < e.scratch.get_size()) own.resize(e.scratch.get_size());
         scratch = own.data();
       }
-      dnnl::memory am(e.a, engine_, const_cast<void*>(a));
-      dnnl::memory bm(e.b, engine_, const_cast<void*>(b));
-      dnnl::memory cm(e.c, engine_, c);
-      dnnl::memory sm(e.scratch, engine_, scratch);
-      e.product.execute(stream,
-                        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+      // Each thread's memory objects for a primitive are made once and pointed at the operands
+      // of each call: making them anew took a page fault every other product.
+      thread_local std::unordered_map<const entry*, bound> bound_memory;
+      auto at = bound_memory.find(&e);
+      if (at == bound_memory.end()) {
+        bound made{dnnl::memory(e.a, engine_, const_cast<void*>(a)), dnnl::memory(e.b, engine_, const_cast<void*>(b)),
+                   dnnl::memory(e.c, engine_, c), dnnl::memory(e.scratch, engine_, scratch)};
+        at = bound_memory.emplace(&e, std::move(made)).first;
+      } else {
+        at->second.a.set_data_handle(const_cast<void*>(a));
+        at->second.b.set_data_handle(const_cast<void*>(b));
+        at->second.c.set_data_handle(c);
+        at->second.scratch.set_data_handle(scratch);
+      }
+      const bound& mem = at->second;
+      e.product.execute(stream, {{DNNL_ARG_SRC, mem.a}, {DNNL_ARG_WEIGHTS, mem.b}, {DNNL_ARG_DST, mem.c},
+                                 {DNNL_ARG_SCRATCHPAD, mem.scratch}});
       stream.wait();
     } catch (const dnnl::error& err) {
       throw error("cpu::gemm: oneDNN's bf16 matmul (" + std::to_string(m) + "x" + std::to_string(n) + "x" +
@@ -103,6 +114,9 @@ class dnnl_bf16_gemm {
   struct entry {
     dnnl::memory::desc a, b, c, scratch;
     dnnl::matmul product;
+  };
+  struct bound {
+    dnnl::memory a, b, c, scratch;
   };
 
   dnnl_bf16_gemm() {
