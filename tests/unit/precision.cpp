@@ -65,9 +65,10 @@ TEST_CASE("mixed policies start from the fp32 loss within the dtype's rounding",
               std::abs(eh - ref) / ref);
   CHECK(eb != ref);  // the policies do round
   // ~4L+3 stored tensors lie on the path to the logits, each rounded with relative error ≤ u;
-  // independent roundings add in quadrature; 4× for correlation (as for the gradients below)
+  // independent roundings add in quadrature; 4× for correlation (as for the gradients below).
+  // bf16 on dot-product instructions also rounds each layer's attention probabilities: 5L+3.
   const double n = 4.0 * shape.layers + 3;
-  CHECK(std::abs(eb - ref) / ref < 4 * std::sqrt(n) * etude::dtype_traits<etude::bf16>::unit_roundoff);
+  CHECK(std::abs(eb - ref) / ref < 4 * std::sqrt(n + shape.layers) * etude::dtype_traits<etude::bf16>::unit_roundoff);
   CHECK(std::abs(eh - ref) / ref < 4 * std::sqrt(n) * etude::dtype_traits<etude::fp16>::unit_roundoff);
 }
 

@@ -5,6 +5,9 @@
 // are most of the time, and CBLAS runs them faster in taller blocks once a row's keys outnumber the
 // masked corner a tall diagonal block wastes, so long sequences take blocks of 128 rows
 // (T=2048: 25 -> 34 GFLOP/s forward, 34 -> 41 backward; T=512: either, T=256: 64 rows win).
+// bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
+// has them (bf16_dot_products()): scores and dP straight from the packed tensors, the
+// probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
 #pragma once
 
 #include <omp.h>
@@ -16,6 +19,7 @@
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/heads.hpp"
+#include "etude/backend/cpu/gemm.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -32,9 +36,10 @@ struct cpu_attention {
   static constexpr index_t attention_rows(index_t steps) { return steps > 512 ? max_attention_rows : 64; }
 
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
-  // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float.
+  // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
+  // or for a block's bf16 probabilities and dS where those meet the bf16 dot products.
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
-    return 2 * attention_rows(steps) * steps + (staged ? 7 * steps * head_dim : 0);
+    return 2 * attention_rows(steps) * steps + (staged ? 7 * steps * head_dim + attention_rows(steps) * steps : 0);
   }
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
@@ -63,6 +68,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
+    const bool dot16 = bf16_dots<A>();
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -72,6 +78,8 @@ struct cpu_attention {
       St* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         attention_fwd_head(p, q, q + d, q + 2 * d, ld, out, d, l, heads, steps, head_dim);
+      } else if (dot16) {
+        if constexpr (std::is_same_v<A, bf16>) attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
       } else {
         F* qf = p + 2 * attention_rows(steps) * steps;
         F* kf = qf + steps * head_dim;
@@ -97,6 +105,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
+    const bool dot16 = bf16_dots<A>();
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -107,6 +116,9 @@ struct cpu_attention {
       const St* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         attention_bwd_head(p, q, q + d, q + 2 * d, ld, dout, d, dq, dq + d, dq + 2 * d, ld, l, heads, steps, head_dim);
+      } else if (dot16) {
+        if constexpr (std::is_same_v<A, bf16>)
+          attention_bwd_head_bf16(p, q, ld, dout, d, dq, ld, l, heads, steps, head_dim, d);
       } else {
         const index_t n = steps * head_dim;
         F* qf = p + 2 * attention_rows(steps) * steps;
@@ -196,6 +208,118 @@ struct cpu_attention {
       cpu_detail::blas<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
       cpu_detail::blas<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
+  }
+
+  // Whether bf16 tensors take the dot-product path in this process (decided once per call, the
+  // same for every head).
+  template <class A>
+  static bool bf16_dots() {
+    if constexpr (std::is_same_v<A, bf16>) return cpu_gemm::bf16_dot_products();
+    else return false;
+  }
+
+  // A product of two bf16 operands into float, on the calling thread (cpu_gemm's oneDNN path,
+  // which needs no workspace).
+  static void dot16(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const bf16* a,
+                    index_t lda, const bf16* b, index_t ldb, float beta, float* c, index_t ldc) {
+    cpu_gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  // attention_fwd_head on bf16 dot products: q, k, v at offsets 0, d, 2d of rows with stride ld.
+  // Slot: float scores (block, steps), then bf16 probabilities (block, steps), then from
+  // 2·block·steps a block's float output (block, head_dim). The row sums are the float
+  // probabilities'; the rounded ones meet V.
+  template <class O, class St>
+  static void attention_fwd_head_bf16(float* p, const bf16* q, index_t ld, O* out, index_t ldo, St* lse,
+                                      index_t lse_ld, index_t steps, index_t head_dim, index_t d) {
+    const bf16 *k = q + d, *v = q + 2 * d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    bf16* pb = reinterpret_cast<bf16*>(p + block * steps);
+    float* of = p + 2 * block * steps;
+    float inv[max_attention_rows];
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
+      dot16(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, 0.0f, p, i1);
+      for (index_t i = i0; i < i1; ++i) {
+        float* row = p + (i - i0) * i1;
+        bf16* rb = pb + (i - i0) * i1;
+        float mx = row[0];
+#pragma omp simd reduction(max : mx)
+        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (index_t j = 0; j <= i; ++j) {
+          row[j] = cpu_detail::vexp(row[j] - mx);
+          sum += row[j];
+        }
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
+        inv[i - i0] = 1.0f / sum;
+        for (index_t j = i + 1; j < i1; ++j) rb[j] = bf16(0.0f);
+        lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
+      }
+      dot16(false, false, rows, head_dim, i1, 1.0f, pb, i1, v, ld, 0.0f, of, head_dim);
+      for (index_t r = 0; r < rows; ++r) {
+        O* o = out + (i0 + r) * ldo;
+        const float* f = of + r * head_dim;
+        const float s = inv[r];
+#pragma omp simd
+        for (index_t c = 0; c < head_dim; ++c) o[c] = cpu_detail::cv<O>(f[c] * s);
+      }
+    }
+  }
+
+  // attention_bwd_head on bf16 dot products: q, k, v (offsets 0, d, 2d, stride ld) and dO
+  // (stride ldo) read in place; dQ, dK, dV summed in float (the slot's staged room) and rounded
+  // once into dq, dq + d, dq + 2d (stride ldd). P and dS are formed in float and rounded to bf16
+  // to meet dO, Q and K.
+  template <class DQ, class St>
+  static void attention_bwd_head_bf16(float* p, const bf16* q, index_t ld, const bf16* dout, index_t ldo, DQ* dq,
+                                      index_t ldd, const St* lse, index_t lse_ld, index_t steps, index_t head_dim,
+                                      index_t d) {
+    const bf16 *k = q + d, *v = q + 2 * d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block, n = steps * head_dim;
+    float* dp = p + block * steps;
+    bf16* pb = reinterpret_cast<bf16*>(p + 2 * block * steps);
+    bf16* sb = pb + block * steps;
+    float *dqf = p + 3 * block * steps, *dkf = dqf + n, *dvf = dkf + n;
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
+      dot16(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, 0.0f, p, i1);
+      dot16(false, true, rows, i1, head_dim, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, i1);
+      for (index_t i = i0; i < i1; ++i) {
+        float* pr = p + (i - i0) * i1;
+        float* dr = dp + (i - i0) * i1;
+        bf16* prb = pb + (i - i0) * i1;
+        bf16* srb = sb + (i - i0) * i1;
+        const float l = static_cast<float>(lse[i * lse_ld]);
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+#pragma omp simd
+        for (index_t j = 0; j <= i; ++j) {
+          prb[j] = cpu_detail::cv<bf16>(pr[j]);
+          srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
+        }
+        for (index_t j = i + 1; j < i1; ++j) prb[j] = srb[j] = bf16(0.0f);
+      }
+      if (i0 > 0) {
+        dot16(true, false, i0, head_dim, rows, 1.0f, pb, i1, dout + i0 * ldo, ldo, 1.0f, dvf, head_dim);
+        dot16(true, false, i0, head_dim, rows, scale, sb, i1, q + i0 * ld, ld, 1.0f, dkf, head_dim);
+      }
+      dot16(true, false, rows, head_dim, rows, 1.0f, pb + i0, i1, dout + i0 * ldo, ldo, 0.0f, dvf + i0 * head_dim,
+            head_dim);
+      dot16(true, false, rows, head_dim, rows, scale, sb + i0, i1, q + i0 * ld, ld, 0.0f, dkf + i0 * head_dim,
+            head_dim);
+      dot16(false, false, rows, head_dim, i1, scale, sb, i1, k, ld, 0.0f, dqf + i0 * head_dim, head_dim);
+    }
+    cpu_detail::narrow_head(dq, ldd, dqf, steps, head_dim);
+    cpu_detail::narrow_head(dq + d, ldd, dkf, steps, head_dim);
+    cpu_detail::narrow_head(dq + 2 * d, ldd, dvf, steps, head_dim);
   }
 };
 

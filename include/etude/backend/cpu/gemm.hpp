@@ -46,6 +46,17 @@ struct cpu_gemm {
 #endif
   }
 
+  // Whether products of two bf16 operands run on the CPU's bf16 dot-product instructions in this
+  // process (then they need no workspace, and may run inside a thread of an OpenMP loop, each on
+  // its calling thread alone).
+  static bool bf16_dot_products() {
+#ifdef ETUDE_CPU_GEMM_DNNL
+    return cpu_detail::dnnl_bf16_gemm::instance().active();
+#else
+    return false;
+#endif
+  }
+
   // Bytes of gemm workspace a precision policy's products need (0 when every product is BLAS;
   // the oneDNN path needs none, but a CPU without bf16 instructions falls back to widening).
   template <class Policy>

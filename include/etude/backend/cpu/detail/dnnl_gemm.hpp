@@ -7,6 +7,7 @@
 // cpu_gemm widens instead. Not for products with a float or fp16 operand (those widen).
 #pragma once
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <atomic>
@@ -56,8 +57,23 @@ class dnnl_bf16_gemm {
            const void* b, index_t ldb, float beta, void* c, index_t ldc, bool c_bf16, void* workspace,
            std::size_t workspace_bytes) {
     if (!active()) return false;
-    const key kk{trans_a, trans_b, c_bf16, m, n, k, lda, ldb, ldc, std::bit_cast<std::uint32_t>(alpha),
+    // Called from a thread of an OpenMP loop (attention's heads), a product runs on that thread
+    // alone: oneDNN plans a primitive for the team size it sees, and executing one planned for
+    // the whole team inside a thread of it took twice as long as one planned for one thread. The
+    // team size is part of the key, and this thread's size (a per-thread setting) is 1 meanwhile.
+    const bool nested = omp_in_parallel() != 0;
+    const int team = nested ? 1 : omp_get_max_threads();
+    const key kk{trans_a, trans_b, c_bf16, team, m, n, k, lda, ldb, ldc, std::bit_cast<std::uint32_t>(alpha),
                  std::bit_cast<std::uint32_t>(beta)};
+    struct one_thread {
+      int keep;
+      explicit one_thread(bool on) : keep(on ? omp_get_max_threads() : 0) {
+        if (on) omp_set_num_threads(1);
+      }
+      ~one_thread() {
+        if (keep > 0) omp_set_num_threads(keep);
+      }
+    } alone(nested);
     try {
       const entry& e = find_or_make(kk);
       // A primitive's scratchpad is the caller's, so that ranks as threads can run the same
@@ -98,6 +114,7 @@ class dnnl_bf16_gemm {
  private:
   struct key {
     bool trans_a, trans_b, c_bf16;
+    int team;
     index_t m, n, k, lda, ldb, ldc;
     std::uint32_t alpha, beta;
     bool operator==(const key&) const = default;
@@ -106,7 +123,7 @@ class dnnl_bf16_gemm {
     std::size_t operator()(const key& q) const {
       std::size_t h = static_cast<std::size_t>(q.trans_a) | static_cast<std::size_t>(q.trans_b) << 1 |
                       static_cast<std::size_t>(q.c_bf16) << 2;
-      for (const auto v : {q.m, q.n, q.k, q.lda, q.ldb, q.ldc, index_t(q.alpha), index_t(q.beta)})
+      for (const auto v : {index_t(q.team), q.m, q.n, q.k, q.lda, q.ldb, q.ldc, index_t(q.alpha), index_t(q.beta)})
         h = (h ^ static_cast<std::size_t>(v)) * 0x100000001b3ull;
       return h;
     }
@@ -124,7 +141,7 @@ class dnnl_bf16_gemm {
     enabled_ = env == nullptr || std::strcmp(env, "widen") != 0;
     try {
       // one small product tells which implementation oneDNN picks on this CPU
-      const key probe{false, false, false, 64, 64, 64, 64, 64, 64, std::bit_cast<std::uint32_t>(1.0f), 0u};
+      const key probe{false, false, false, 1, 64, 64, 64, 64, 64, 64, std::bit_cast<std::uint32_t>(1.0f), 0u};
       const auto pd = primitive(probe, descs(probe));
       probe_ = pd.impl_info_str();
       usable_ = probe_.find("bf16") != std::string::npos || probe_.find("amx") != std::string::npos;
