@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
 #include "etude/ops/step_control.hpp"
@@ -33,17 +34,27 @@ struct cpu_adamw {
     S m, v;
     F p;
   };
+  // The step in two halves, so that the update can take the square roots of a run of elements
+  // at once between them (vmath's sqrt_in_place); step_element joins them for one element.
   template <class M, class G, class S, class F>
-  static element<S, F> step_element(M p0, G g0, S m0, S v0, const coefficients<F>& c) {
+  static element<S, F> moments(M p0, G g0, S m0, S v0, const coefficients<F>& c) {
     const F g = cpu_detail::cv<F>(g0) * c.grad_scale;
-    F pi = cpu_detail::cv<F>(p0) * c.decay;
     const F mi = cpu_detail::cv<F>(m0) + c.w1 * (g - cpu_detail::cv<F>(m0));
     const F vi = cpu_detail::cv<F>(v0) * c.b2 + c.w2 * g * g;
     // the moments are rounded to their storage type before they move the weight, so a
     // resumed run (which reads them back) takes exactly the same step
-    const S ms = cpu_detail::cv<S>(mi), vs = cpu_detail::cv<S>(vi);
-    pi -= c.step_size * cpu_detail::cv<F>(ms) / (std::sqrt(cpu_detail::cv<F>(vs)) / c.bc2_sqrt + c.eps);
-    return {ms, vs, pi};
+    return {cpu_detail::cv<S>(mi), cpu_detail::cv<S>(vi), cpu_detail::cv<F>(p0) * c.decay};
+  }
+  // the decayed weight e.p moved by the first moment over root = sqrt(v)
+  template <class S, class F>
+  static F moved(const element<S, F>& e, F root, const coefficients<F>& c) {
+    return e.p - c.step_size * cpu_detail::cv<F>(e.m) / (root / c.bc2_sqrt + c.eps);
+  }
+  template <class M, class G, class S, class F>
+  static element<S, F> step_element(M p0, G g0, S m0, S v0, const coefficients<F>& c) {
+    element<S, F> e = moments(p0, g0, m0, v0, c);
+    e.p = moved(e, std::sqrt(cpu_detail::cv<F>(e.v)), c);
+    return e;
   }
 
   // AdamW (PyTorch's formulation) on g = grad·grad_scale at update number t (from 1):
@@ -58,14 +69,38 @@ struct cpu_adamw {
     if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
     const coefficients<F> c(*sc, *grad_scale);
-#pragma omp parallel for simd schedule(static)
-    for (index_t i = 0; i < n; ++i) {
-      const element<S, F> e = step_element(p[i], grad[i], m[i], v[i], c);
-      m[i] = e.m;
-      v[i] = e.v;
-      p[i] = cpu_detail::cv<M>(e.p);
-      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(e.p);
-      else if (working != nullptr) working[i] = p[i];
+    // whether a working copy is written is decided outside the loop: a test inside keeps it scalar
+    if (working != nullptr) update_loop<true>(p, grad, m, v, n, c, working);
+    else update_loop<false>(p, grad, m, v, n, c, working);
+  }
+
+  // step_element over runs of `run` elements: the moments (stored) and the decayed weights, the
+  // square roots of the run in one call, then the weights. The same operations in the same order,
+  // so the same bits.
+  template <bool Working, class M, class G, class S, class P, class F>
+  static void update_loop(M* p, const G* grad, S* m, S* v, index_t n, const coefficients<F>& c, P* working) {
+    constexpr index_t run = 1024;
+#pragma omp parallel for schedule(static)
+    for (index_t r0 = 0; r0 < n; r0 += run) {
+      const index_t len = std::min(run, n - r0);
+      F root[run], decayed[run];
+#pragma omp simd
+      for (index_t j = 0; j < len; ++j) {
+        const index_t i = r0 + j;
+        const element<S, F> e = moments(p[i], grad[i], m[i], v[i], c);
+        m[i] = e.m;
+        v[i] = e.v;
+        decayed[j] = e.p;
+        root[j] = cpu_detail::cv<F>(e.v);
+      }
+      cpu_detail::sqrt_in_place(root, len);
+#pragma omp simd
+      for (index_t j = 0; j < len; ++j) {
+        const index_t i = r0 + j;
+        const F pi = moved(element<S, F>{m[i], v[i], decayed[j]}, root[j], c);
+        p[i] = cpu_detail::cv<M>(pi);
+        if constexpr (Working) working[i] = cpu_detail::cv<P>(pi);
+      }
     }
   }
 
