@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -86,11 +87,14 @@ namespace {
 // float) against the double path on the same values. With dot products P and dS are rounded to
 // bf16 (relative error ≤ u each) before they meet V, dO, Q and K; the output is rounded once more.
 // Float's own errors (scores, exp, sums over ≤ 600 terms) stay below 2^-12 of the terms' size.
-void check_bf16_attention(index_t batch, index_t steps, int heads) {
+// Without dot products (widened) nothing but the output is rounded: the bound drops P's and dS's u.
+// Returns the bf16 output.
+std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int heads) {
   using etude::bf16;
   constexpr index_t hd = 64;
   const index_t d = heads * hd, ld = 3 * d;
   const double u = etude::dtype_traits<bf16>::unit_roundoff, f = 0x1p-12, scale = 1 / std::sqrt(double(hd));
+  const double pu = cpu::bf16_dot_products() ? u : 0.0;  // the rounding of P and dS
   auto rounded = [](std::vector<double> v) {
     for (auto& x : v) x = static_cast<double>(static_cast<float>(bf16(static_cast<float>(x))));
     return v;
@@ -154,13 +158,13 @@ void check_bf16_attention(index_t batch, index_t steps, int heads) {
           for (index_t j = 0; j <= i; ++j) pv += pr[i * steps + j] * std::abs(at(qkv, j, 2, c));
           const double o = o_at(att, i, c);
           within(static_cast<float>(att_b[static_cast<std::size_t>((b * steps + i) * d + h * hd + c)]), o,
-                 u * std::abs(o) + (u + f) * pv, "att", i, c);
+                 u * std::abs(o) + (pu + f) * pv, "att", i, c);
         }
       }
       // dS's float error: P·(|dP| + |Σ P·dP|) times float's 2^-12
       auto ds_bound = [&](index_t i, index_t j) {
         const double p = pr[i * steps + j];
-        return u * std::abs(ds[i * steps + j]) + f * p * (std::abs(dp[i * steps + j]) + std::abs(dsum[i]));
+        return pu * std::abs(ds[i * steps + j]) + f * p * (std::abs(dp[i * steps + j]) + std::abs(dsum[i]));
       };
       for (index_t r = 0; r < steps; ++r)
         for (index_t c = 0; c < hd; ++c) {
@@ -168,7 +172,7 @@ void check_bf16_attention(index_t batch, index_t steps, int heads) {
           for (index_t j = 0; j <= r; ++j) bq += ds_bound(r, j) * std::abs(at(qkv, j, 1, c));
           for (index_t i = r; i < steps; ++i) {
             bk += ds_bound(i, r) * std::abs(at(qkv, i, 0, c));
-            bv += (u + f) * pr[i * steps + r] * std::abs(o_at(dout, i, c));
+            bv += (pu + f) * pr[i * steps + r] * std::abs(o_at(dout, i, c));
           }
           const auto got = [&](index_t part) {
             return double(dqkv_f[static_cast<std::size_t>((b * steps + r) * ld + part * d + h * hd + c)]);
@@ -180,11 +184,30 @@ void check_bf16_attention(index_t batch, index_t steps, int heads) {
     }
   std::printf("bf16 attention (%s), S=%ld: largest error %.2f of its bound\n",
               cpu::bf16_dot_products() ? "bf16 dot products" : "widened to float", static_cast<long>(steps), worst);
+  return att_b;
+}
+
+bool same_bits(const std::vector<etude::bf16>& a, const std::vector<etude::bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(etude::bf16)) == 0;
 }
 
 }  // namespace
 
 TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS", "[ops]") {
-  check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
-  check_bf16_attention(1, 600, 1);  // blocks of 128 rows
+  INFO(cpu::bf16_products());
+  const auto shorter = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
+  const auto longer = check_bf16_attention(1, 600, 1);  // blocks of 128 rows
+#ifdef ETUDE_WITH_DNNL
+  if (cpu::bf16_dot_products()) {
+    // the widened path, as on a CPU without the instructions, within its tighter bound; the two
+    // paths differ (the dot products' rounded probabilities show in the output)
+    auto& dnnl = etude::backend::cpu_detail::dnnl_bf16_gemm::instance();
+    dnnl.set_enabled(false);
+    const auto shorter_widened = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
+    const auto longer_widened = check_bf16_attention(1, 600, 1);
+    dnnl.set_enabled(true);
+    CHECK(!same_bits(shorter, shorter_widened));
+    CHECK(!same_bits(longer, longer_widened));
+  }
+#endif
 }
