@@ -1,8 +1,9 @@
 // Step benchmark: ms/step, tokens/s (B·T frames per second) and achieved GFLOP/s of etude's CPU
 // training step for the tiny and small configurations of the core issue, in fp32 or bf16, and the
 // machine's ceilings measured in the same run: the fp32 FMA peak, the bf16 dot-product peak (n/a
-// without AVX512_BF16), the sgemm ceiling and the bf16 product etude uses (backend::cpu::gemm on
-// bf16 operands). Prints one JSON line per measurement, with the CPU time other processes took
+// without AVX512_BF16), and the fp32 and bf16 products etude uses (backend::cpu::gemm on float
+// and on bf16 operands: oneDNN where it is linked and fast here, else OpenBLAS or widened sgemm).
+// Prints one JSON line per measurement, with the CPU time other processes took
 // during its timed window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and,
 // for a step, the minor page faults per timed step (a steady step should take none).
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
@@ -12,7 +13,7 @@
 // sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
 // under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
 // each op kind's share of the step, attention's and the products' among them.
-//   step_bench [tiny|tiny_long|small|ceiling|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
+//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
 //              [--precision fp32|bf16] [--profile]
 // `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
@@ -44,11 +45,12 @@ using etude_bench::median;
 
 bool profile_steps = false;
 
-// The path products of two bf16 operands take (oneDNN or widened sgemm, and why), as a JSON field.
-std::string bf16_path_json() {
-  std::string path = etude::backend::cpu::bf16_products();
+// The path products take (oneDNN, OpenBLAS or widened sgemm, and why), as a JSON field: float
+// products for fp32, two bf16 operands for bf16.
+std::string products_json(bool bf16) {
+  std::string path = bf16 ? etude::backend::cpu::bf16_products() : etude::backend::cpu::float_products();
   std::replace(path.begin(), path.end(), '"', '\'');
-  return ", \"bf16_products\": \"" + path + "\"";
+  return std::string(", \"") + (bf16 ? "bf16_products" : "float_products") + "\": \"" + path + "\"";
 }
 
 // Minor page faults of this process so far: a step that touches fresh pages (a buffer allocated
@@ -124,13 +126,13 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
               name, etude::precision::name_of<Precision>().c_str(), sec * 1e3,
               static_cast<double>(batch * frames) / sec, flops / sec / 1e9, faults, steps,
               etude::backend::cpu::threads(), load.json().c_str(), shares.c_str(),
-              std::is_same_v<Precision, etude::precision::fp32> ? "" : bf16_path_json().c_str());
+              products_json(!std::is_same_v<Precision, etude::precision::fp32>).c_str());
   std::fflush(stdout);
 }
 
-// Best rate of backend::cpu::gemm over square products with operands of type T (float: OpenBLAS
-// sgemm, the fp32 matrix-multiply ceiling; etude::bf16: whatever path the backend takes for the
-// bf16 policy's forward products), median of 5 each.
+// Best rate of backend::cpu::gemm over square products with operands of type T (float: the path
+// fp32 products take, oneDNN or OpenBLAS; etude::bf16: the path the bf16 policy's forward
+// products take), median of 5 each.
 template <class T>
 void bench_gemm(const char* name, const char* op) {
   const auto load0 = etude_bench::sample_cpu();
@@ -154,7 +156,7 @@ void bench_gemm(const char* name, const char* op) {
   const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
   std::printf("{\"bench\": \"%s\", \"op\": \"%s\", \"gflops\": %.1f, \"threads\": %d, %s%s}\n", name, op, best,
               etude::backend::cpu::threads(), load.json().c_str(),
-              std::is_same_v<T, etude::bf16> ? bf16_path_json().c_str() : "");
+              products_json(std::is_same_v<T, etude::bf16>).c_str());
   std::fflush(stdout);
 }
 
@@ -176,6 +178,7 @@ void bench_peak(const char* name, etude_bench::peak (*measure)()) {
 // query and out projections 4 D² per token position, keys and values 4 D² per condition position,
 // attention 4 S Lc D (QKᵀ and PV); the condition projection 2 W D per condition position; ×3 for
 // forward and backward.
+template <class Precision>
 void bench_conditions(int steps) {
   constexpr etude::shape tiny{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4};
   constexpr int width = 384, lc = 64;
@@ -188,8 +191,8 @@ void bench_conditions(int steps) {
   h.lr = 1e-4;
   h.warmup_steps = 0;
   h.total_steps = 1000;
-  etude::cpu_trainer<etude::train_config<plain_lm>> plain{h};
-  etude::cpu_trainer<etude::train_config<cond_lm>> cond{h};
+  etude::cpu_trainer<etude::train_config<plain_lm, Precision>> plain{h};
+  etude::cpu_trainer<etude::train_config<cond_lm, Precision>> cond{h};
   etude::token_batch b(batch, tiny.codebooks, frames);
   etude::rng r(1);
   for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
@@ -215,11 +218,12 @@ void bench_conditions(int steps) {
   const double plain_flops = plain_lm::train_flops(static_cast<double>(batch) * seq, seq);
   const double extra_flops = 3.0 * static_cast<double>(batch) *
                              (tiny.layers * (4 * d * d * seq + 4 * d * d * lc + 4 * seq * lc * d) + 2.0 * width * d * lc);
-  std::printf("{\"bench\": \"cond_cross\", \"batch\": %ld, \"frames\": %ld, \"cond_positions\": %d, "
+  std::printf("{\"bench\": \"cond_cross\", \"precision\": \"%s\", \"batch\": %ld, \"frames\": %ld, \"cond_positions\": %d, "
               "\"cond_width\": %d, \"plain_ms\": %.1f, \"cond_ms\": %.1f, \"time_ratio\": %.3f, "
               "\"plain_gflop\": %.2f, \"extra_gflop\": %.2f, \"flop_ratio\": %.3f, "
               "\"extra_ms_at_plain_rate\": %.1f, \"steps\": %d, \"threads\": %d, %s}\n",
-              static_cast<long>(batch), static_cast<long>(frames), lc, width, mp * 1e3, mc * 1e3, mc / mp,
+              etude::precision::name_of<Precision>().c_str(), static_cast<long>(batch), static_cast<long>(frames), lc,
+              width, mp * 1e3, mc * 1e3, mc / mp,
               plain_flops / 1e9, extra_flops / 1e9, (plain_flops + extra_flops) / plain_flops,
               extra_flops / (plain_flops / mp) * 1e3, steps, etude::backend::cpu::threads(), load.json().c_str());
   std::fflush(stdout);
@@ -255,11 +259,14 @@ int main(int argc, char** argv) {
   }
   if (which == "fma_peak" || which == "all") bench_peak("fma_peak", etude_bench::fma_peak);
   if (which == "bf16_dot_peak" || which == "all") bench_peak("bf16_dot_peak", etude_bench::bf16_dot_peak);
-  if (which == "ceiling" || which == "all") bench_gemm<float>("sgemm_ceiling", "backend::cpu::gemm<float> (cblas_sgemm)");
+  if (which == "fp32_gemm" || which == "all") bench_gemm<float>("fp32_gemm", "backend::cpu::gemm<float, float, float>");
   if (which == "bf16_gemm" || which == "all")
     bench_gemm<etude::bf16>("bf16_gemm", "backend::cpu::gemm<bf16, bf16, bf16>");
   if (precision == "fp32") bench_configs<etude::precision::fp32>(which, steps);
   else bench_configs<etude::precision::bf16>(which, steps);
-  if (which == "cond") bench_conditions(steps);
+  if (which == "cond") {
+    if (precision == "fp32") bench_conditions<etude::precision::fp32>(steps);
+    else bench_conditions<etude::precision::bf16>(steps);
+  }
   return 0;
 }

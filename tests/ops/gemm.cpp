@@ -108,13 +108,15 @@ TEST_CASE("gemm_gelu is the product then gelu_fwd, bit for bit", "[ops]") {
 // with bf16 dot-product instructions: the same products as the widened path (bf16·bf16 is exact in
 // float), summed in another order, so each result within a few float roundings of the sum of
 // |a·b|; repeated calls bit-identical; strides wider than the product, alpha and beta as given.
-template <class TC>
-void check_bf16_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha, double beta) {
+// Float products (oneDNN's f32 matmul or OpenBLAS) meet the same bound: each product's rounding
+// is one more of the k + 2.
+template <class T, class TC>
+void check_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha, double beta) {
   INFO("ta " << ta << " tb " << tb << " m " << m << " n " << n << " k " << k << " alpha " << alpha << " beta "
              << beta);
   const index_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
-  const auto a = stored<etude::bf16>(random_vector(std::size_t((ta ? k : m) * lda), 51));
-  const auto b = stored<etude::bf16>(random_vector(std::size_t((tb ? n : k) * ldb), 52));
+  const auto a = stored<T>(random_vector(std::size_t((ta ? k : m) * lda), 51));
+  const auto b = stored<T>(random_vector(std::size_t((tb ? n : k) * ldb), 52));
   const auto c0 = stored<TC>(random_vector(std::size_t(m * ldc), 53));
   std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
   auto run = [&] {
@@ -165,18 +167,47 @@ TEST_CASE("bf16 products: the path bf16_products() names, within float roundings
 #endif
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      check_bf16_paths<float>(ta, tb, 37, 70, 300, 1.0, 0.0);
-      check_bf16_paths<float>(ta, tb, 37, 70, 300, 0.5, 1.0);
-      check_bf16_paths<etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
-      check_bf16_paths<etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
+      check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 1.0, 0.0);
+      check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 0.5, 1.0);
+      check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
+      check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
     }
 #ifdef ETUDE_WITH_DNNL
   // the widened path, as on a CPU without the instructions, meets the same bound
-  auto& dnnl = etude::backend::cpu_detail::dnnl_bf16_gemm::instance();
-  dnnl.set_enabled(false);
+  using etude::backend::cpu_detail::dnnl_operands;
+  auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
+  dnnl.set_enabled(dnnl_operands::bf16, false);
   CHECK(cpu::bf16_products().find("widened") != std::string::npos);
-  check_bf16_paths<float>(true, false, 37, 70, 300, 0.5, 1.0);
-  check_bf16_paths<etude::bf16>(false, true, 64, 33, 129, 1.0, 0.0);
-  dnnl.set_enabled(true);
+  check_paths<etude::bf16, float>(true, false, 37, 70, 300, 0.5, 1.0);
+  check_paths<etude::bf16, etude::bf16>(false, true, 64, 33, 129, 1.0, 0.0);
+  dnnl.set_enabled(dnnl_operands::bf16, true);
+#endif
+}
+
+TEST_CASE("float products: the path float_products() names, and OpenBLAS, within float roundings", "[ops]") {
+  const std::string path = cpu::float_products();
+  INFO(path);
+#ifdef ETUDE_WITH_DNNL
+  CHECK(path.find("oneDNN") != std::string::npos);
+#else
+  CHECK(path.find("built without oneDNN") != std::string::npos);
+#endif
+  const auto all_shapes = [] {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_paths<float, float>(ta, tb, 37, 70, 300, 1.0, 0.0);
+        check_paths<float, float>(ta, tb, 64, 33, 129, 0.125, 1.0);
+        check_paths<float, float>(ta, tb, 130, 96, 513, 0.5, 0.5);
+      }
+  };
+  all_shapes();
+#ifdef ETUDE_WITH_DNNL
+  // OpenBLAS, as in a program without oneDNN or on a CPU without a brgemm kernel
+  using etude::backend::cpu_detail::dnnl_operands;
+  auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
+  dnnl.set_enabled(dnnl_operands::f32, false);
+  CHECK(cpu::float_products().find("OpenBLAS") != std::string::npos);
+  all_shapes();
+  dnnl.set_enabled(dnnl_operands::f32, true);
 #endif
 }

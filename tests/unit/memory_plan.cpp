@@ -112,11 +112,11 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
   };
   etude::hyper h;
   h.total_steps = 10;
-  if constexpr (std::is_same_v<typename Config::precision::param_t, etude::bf16>) {
-    // oneDNN's primitives for bf16 products (backend/cpu/detail/dnnl_gemm.hpp) are made once per
-    // process and shape and shared by every trainer, like OpenBLAS's per-thread buffers: a first
-    // trainer outside the window makes them, so that the window sees what a trainer holds (only
-    // for bf16 weights: every other policy is measured from a cold start, as before)
+  {
+    // oneDNN's primitives for float and bf16 products (backend/cpu/detail/dnnl_gemm.hpp), with
+    // each thread's memory objects and scratch buffer, are made once per process and shape and
+    // shared by every trainer, like OpenBLAS's per-thread buffers: a first trainer outside the
+    // window makes them, so that the window sees what a trainer holds
     etude::cpu_trainer<Config> first{h};
     first.step(make_batch());
   }

@@ -148,7 +148,7 @@ struct cpu_attention {
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
       // scores (rows, i1) against keys 0 .. i1-1, row stride i1
-      cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
       for (index_t i = i0; i < i1; ++i) {
         F* row = p + (i - i0) * i1;
         F mx = row[0];
@@ -164,7 +164,7 @@ struct cpu_attention {
         for (index_t j = i + 1; j < i1; ++j) row[j] = F(0.0);
         lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
       }
-      cpu_detail::blas<F>(false, false, rows, head_dim, i1, F(1.0), p, i1, v, ld, F(0.0), out + i0 * ldo, ldo);
+      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, F(1.0), p, i1, v, ld, F(0.0), out + i0 * ldo, ldo);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
         const F s = inv[r];
@@ -183,8 +183,8 @@ struct cpu_attention {
     F* dp = p + block * steps;
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
-      cpu_detail::blas<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
-      cpu_detail::blas<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, i1);
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, i1);
       for (index_t i = i0; i < i1; ++i) {
         F* pr = p + (i - i0) * i1;
         F* dr = dp + (i - i0) * i1;
@@ -201,12 +201,12 @@ struct cpu_attention {
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block
       if (i0 > 0) {
-        cpu_detail::blas<F>(true, false, i0, head_dim, rows, F(1.0), p, i1, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
-        cpu_detail::blas<F>(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, F(1.0), dk, ldd);
+        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, F(1.0), p, i1, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
+        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, F(1.0), dk, ldd);
       }
-      cpu_detail::blas<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0), dv + i0 * ldd, ldd);
-      cpu_detail::blas<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
-      cpu_detail::blas<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0), dv + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
   }
 

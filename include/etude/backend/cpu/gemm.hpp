@@ -1,9 +1,11 @@
-// The CPU's matrix products (spec: ops/gemm.hpp). All-float and all-double products go to CBLAS
-// (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16 operands go
-// to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float accumulation) in a
+// The CPU's matrix products (spec: ops/gemm.hpp). All-float products go to oneDNN's f32 matmul in
+// a program that links etude::dnnl, where oneDNN has a brgemm kernel for the CPU (faster than
+// OpenBLAS on every product measured, detail/dnnl_gemm.hpp), else to CBLAS; all-double products to
+// CBLAS (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16
+// operands go to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float accumulation) in a
 // program that links etude::dnnl, on a CPU that has the instructions (detail/dnnl_gemm.hpp); any
 // other 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
-// multiplies them with sgemm. bf16_products() names the path taken. The GELU epilogue is the
+// multiplies them with sgemm. float_products() and bf16_products() name the paths taken. The GELU epilogue is the
 // product followed by gelu_fwd (the CPU declares no fusion).
 #pragma once
 
@@ -37,10 +39,19 @@ struct cpu_gemm {
   static constexpr bool gemm_is_bf16_dot = std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> &&
                                            (std::is_same_v<TC, float> || std::is_same_v<TC, bf16>);
 
+  // The path float products take in this program on this CPU, for run records.
+  static std::string float_products() {
+#ifdef ETUDE_CPU_GEMM_DNNL
+    return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::f32);
+#else
+    return "OpenBLAS sgemm (built without oneDNN: link etude::dnnl)";
+#endif
+  }
+
   // The path products of two bf16 operands take in this program on this CPU, for run records.
   static std::string bf16_products() {
 #ifdef ETUDE_CPU_GEMM_DNNL
-    return cpu_detail::dnnl_bf16_gemm::instance().describe();
+    return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::bf16);
 #else
     return "fp32 sgemm on widened bf16 (built without oneDNN: link etude::dnnl)";
 #endif
@@ -51,7 +62,7 @@ struct cpu_gemm {
   // its calling thread alone).
   static bool bf16_dot_products() {
 #ifdef ETUDE_CPU_GEMM_DNNL
-    return cpu_detail::dnnl_bf16_gemm::instance().active();
+    return cpu_detail::dnnl_gemm::instance().active(cpu_detail::dnnl_operands::bf16);
 #else
     return false;
 #endif
@@ -75,17 +86,16 @@ struct cpu_gemm {
       throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
     if (m == 0 || n == 0) return;
     if constexpr (gemm_is_blas<TA, TB, TC>) {
-      cpu_detail::blas(trans_a, trans_b, m, n, k, static_cast<TA>(alpha), a, lda, b, ldb, static_cast<TA>(beta), c,
-                       ldc);
+      dense(trans_a, trans_b, m, n, k, static_cast<TA>(alpha), a, lda, b, ldb, static_cast<TA>(beta), c, ldc);
     } else {
       static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TB, double> && !std::is_same_v<TC, double>,
                     "cpu::gemm: double operands cannot be mixed with other dtypes");
 #ifdef ETUDE_CPU_GEMM_DNNL
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
-        if (k > 0 && cpu_detail::dnnl_bf16_gemm::instance().run(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda,
-                                                        b, ldb, static_cast<float>(beta), c, ldc,
-                                                        std::is_same_v<TC, bf16>, workspace,
-                                                        workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float)))
+        if (k > 0 && cpu_detail::dnnl_gemm::instance().run(
+                         cpu_detail::dnnl_operands::bf16, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda,
+                         b, ldb, static_cast<float>(beta), c, ldc, std::is_same_v<TC, bf16>, workspace,
+                         workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float)))
           return;
       }
 #endif
@@ -94,6 +104,24 @@ struct cpu_gemm {
       gemm_tiled(workspace, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
                  static_cast<float>(beta), c, ldc);
     }
+  }
+
+  // Row-major C(m, n) = alpha·op(A)·op(B) + beta·C in float or double, the dimensions already
+  // checked against CBLAS's 32-bit range: float on oneDNN where it is live (float_products()),
+  // else CBLAS. Safe inside a thread of an OpenMP loop (then on that thread alone), as attention's
+  // per-head products run. For the same shape and thread count the result is the same bits.
+  template <class T>
+  static void dense(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
+                    const T* b, index_t ldb, T beta, T* c, index_t ldc) {
+#ifdef ETUDE_CPU_GEMM_DNNL
+    if constexpr (std::is_same_v<T, float>) {
+      if (k > 0 && m > 0 && n > 0 &&
+          cpu_detail::dnnl_gemm::instance().run(cpu_detail::dnnl_operands::f32, trans_a, trans_b, m, n, k, alpha, a,
+                                                lda, b, ldb, beta, c, ldc, false, nullptr, 0))
+        return;
+    }
+#endif
+    cpu_detail::blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
   // pre(m, n) = op(A)·op(B); act = GELU(pre), both with leading dimension ldc.
@@ -156,8 +184,8 @@ struct cpu_gemm {
           else widen_tile(wa, a + i0 * lda + p0, lda, mi, kp);
           if (trans_b) widen_tile(wb, b + j0 * ldb + p0, ldb, nj, kp);
           else widen_tile(wb, b + p0 * ldb + j0, ldb, kp, nj);
-          cpu_detail::blas<float>(trans_a, trans_b, mi, nj, kp, alpha, wa, trans_a ? mi : kp, wb, trans_b ? kp : nj,
-                                  p0 == 0 ? beta : 1.0f, cf, ldcf);
+          dense<float>(trans_a, trans_b, mi, nj, kp, alpha, wa, trans_a ? mi : kp, wb, trans_b ? kp : nj,
+                       p0 == 0 ? beta : 1.0f, cf, ldcf);
         }
         if constexpr (!std::is_same_v<TC, float>) {
           for (index_t r = 0; r < mi; ++r)
