@@ -84,6 +84,17 @@ TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops
 
 namespace {
 
+// Values a bf16 tensor can hold (double copies of them), and the bf16 tensor itself.
+std::vector<double> rounded(std::vector<double> v) {
+  for (auto& x : v) x = static_cast<double>(static_cast<float>(etude::bf16(static_cast<float>(x))));
+  return v;
+}
+std::vector<etude::bf16> narrow(const std::vector<double>& v) {
+  std::vector<etude::bf16> b(v.size());
+  std::transform(v.begin(), v.end(), b.begin(), [](double x) { return etude::bf16(static_cast<float>(x)); });
+  return b;
+}
+
 // bf16 q, k, v and dO (cpu_gemm's bf16 dot products where this CPU has them, else widened to
 // float) against the double path on the same values. With dot products P and dS are rounded to
 // bf16 (relative error ≤ u each) before they meet V, dO, Q and K; the output is rounded once more.
@@ -96,15 +107,6 @@ std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int 
   const index_t d = heads * hd, ld = 3 * d;
   const double u = etude::dtype_traits<bf16>::unit_roundoff, f = 0x1p-12, scale = 1 / std::sqrt(double(hd));
   const double pu = cpu::bf16_dot_products() ? u : 0.0;  // the rounding of P and dS
-  auto rounded = [](std::vector<double> v) {
-    for (auto& x : v) x = static_cast<double>(static_cast<float>(bf16(static_cast<float>(x))));
-    return v;
-  };
-  auto narrow = [](const std::vector<double>& v) {
-    std::vector<bf16> b(v.size());
-    std::transform(v.begin(), v.end(), b.begin(), [](double x) { return bf16(static_cast<float>(x)); });
-    return b;
-  };
   const auto qkv = rounded(random_vector(batch * steps * ld, 11, 2.0)), dout = rounded(random_vector(batch * steps * d, 12));
   const auto qkv_b = narrow(qkv), dout_b = narrow(dout);
 
@@ -227,15 +229,6 @@ std::vector<etude::bf16> check_bf16_cross_attention(index_t steps, index_t posit
   const index_t batch = 3, d = heads * hd;
   const double u = etude::dtype_traits<bf16>::unit_roundoff, f = 0x1p-12, scale = 1 / std::sqrt(double(hd));
   const double pu = cpu::bf16_dot_products() ? u : 0.0;
-  auto rounded = [](std::vector<double> v) {
-    for (auto& x : v) x = static_cast<double>(static_cast<float>(bf16(static_cast<float>(x))));
-    return v;
-  };
-  auto narrow = [](const std::vector<double>& v) {
-    std::vector<bf16> b(v.size());
-    std::transform(v.begin(), v.end(), b.begin(), [](double x) { return bf16(static_cast<float>(x)); });
-    return b;
-  };
   const auto q = rounded(random_vector(batch * steps * d, 21, 2.0)), kv = rounded(random_vector(batch * positions * 2 * d, 22, 2.0));
   const auto dout = rounded(random_vector(batch * steps * d, 23));
   std::vector<double> mask(static_cast<std::size_t>(batch * positions), 1.0);
