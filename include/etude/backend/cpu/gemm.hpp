@@ -2,11 +2,11 @@
 // a program that links etude::dnnl, where oneDNN has a brgemm kernel for the CPU (faster than
 // OpenBLAS on every product measured, detail/dnnl_gemm.hpp), else to CBLAS; all-double products to
 // CBLAS (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16
-// operands go to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float accumulation) in a
-// program that links etude::dnnl, on a CPU that has the instructions (detail/dnnl_gemm.hpp); any
+// operands go to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float
+// accumulation) in a program that links etude::dnnl, on a CPU that has the instructions; any
 // other 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
-// multiplies them with sgemm. float_products() and bf16_products() name the paths taken. The GELU epilogue is the
-// product followed by gelu_fwd (the CPU declares no fusion).
+// multiplies them as float products. float_products() and bf16_products() name the paths taken.
+// The GELU epilogue is the product followed by gelu_fwd (the CPU declares no fusion).
 #pragma once
 
 #include <algorithm>

@@ -4,10 +4,11 @@
 //     multiplies with the CPU's bf16 dot-product instructions (AVX512_BF16 or AMX, recognised from
 //     the implementation oneDNN picks, checked once per process): elsewhere its bf16 matmul
 //     emulates them and is slower than widening to sgemm, so cpu_gemm widens instead.
-//   f32: float operands and result, in place of OpenBLAS's sgemm where oneDNN has a brgemm kernel
-//     for the CPU (AVX2 and later). Measured on 2 AVX-512 cores it was faster on every product a
-//     step makes: 210 vs 198 GFLOP/s on small's projections, 200-207 vs 142-148 on tiny's FFN,
-//     and single-threaded on attention's 64-row blocks 104-115 vs 89-96.
+//   f32: float operands and result, in place of OpenBLAS's sgemm where oneDNN picks a brgemm
+//     kernel for the CPU (oneDNN 2.6: AVX-512 and later; on AVX2 it picks gemm:jit, and OpenBLAS
+//     keeps the products). Measured on 2 AVX-512 cores it was faster on every product a step
+//     makes: 210 vs 198 GFLOP/s on small's projections, 200-207 vs 142-148 on tiny's FFN, and
+//     single-threaded on attention's 64-row blocks 104-115 vs 89-96.
 // Any strides; a transposed operand is the same memory read by swapped strides.
 #pragma once
 
@@ -55,7 +56,10 @@ class dnnl_gemm {
                             std::to_string(v->patch);
     const kind& k = path(o);
     const std::string other = o == dnnl_operands::bf16 ? "fp32 sgemm on widened bf16" : "OpenBLAS sgemm";
-    if (!k.usable) return other + " (" + lib + " has no fast " + name(o) + " matmul here: " + k.probe + ")";
+    if (!k.usable)
+      return other + " (" + lib + (o == dnnl_operands::bf16 ? " has no native bf16 matmul here: "
+                                                            : " has no brgemm f32 matmul here: ") +
+             k.probe + ")";
     if (!k.enabled) return other + " (" + lib + " " + k.probe + " turned off)";
     return lib + " matmul, " + k.probe + ", float accumulation";
   }
