@@ -206,8 +206,10 @@ struct cpu_attention {
         cpu_gemm::dense<F>(true, false, i0, head_dim, rows, F(1.0), p, i1, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
         cpu_gemm::dense<F>(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, F(1.0), dk, ldd);
       }
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0), dv + i0 * ldd, ldd);
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0), dk + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0),
+                         dv + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0),
+                         dk + i0 * ldd, ldd);
       cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
   }

@@ -69,8 +69,8 @@ class dnnl_gemm {
   // oneDNN's scratchpad is the caller's workspace (the one the widened path would use; a step's
   // products need at most a few hundred KiB of it) where it is large enough, else a buffer of the
   // calling thread's own. Returns false when the oneDNN path is off (the caller widens).
-  bool run(dnnl_operands o, bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const void* a, index_t lda,
-           const void* b, index_t ldb, float beta, void* c, index_t ldc, bool c_bf16, void* workspace,
+  bool run(dnnl_operands o, bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const void* a,
+           index_t lda, const void* b, index_t ldb, float beta, void* c, index_t ldc, bool c_bf16, void* workspace,
            std::size_t workspace_bytes) {
     if (!active(o)) return false;
     // Called from a thread of an OpenMP loop (attention's heads), a product runs on that thread
@@ -102,8 +102,9 @@ class dnnl_gemm {
       auto at = mine.find(kk);
       if (at == mine.end()) {
         const entry& e = find_or_make(kk);
-        bound made{&e, dnnl::memory(e.a, engine_, const_cast<void*>(a)), dnnl::memory(e.b, engine_, const_cast<void*>(b)),
-                   dnnl::memory(e.c, engine_, c), dnnl::memory(e.scratch, engine_, nullptr)};
+        bound made{&e, dnnl::memory(e.a, engine_, const_cast<void*>(a)),
+                   dnnl::memory(e.b, engine_, const_cast<void*>(b)), dnnl::memory(e.c, engine_, c),
+                   dnnl::memory(e.scratch, engine_, nullptr)};
         at = mine.emplace(kk, std::move(made)).first;
       }
       bound& mem = at->second;
