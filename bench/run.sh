@@ -4,7 +4,8 @@
 # PyTorch 1.13 (bench/torch_step.py on its parity fast path) and PyPI's PyTorch 2.x with
 # torch.compile, fp32 and bf16 autocast. Every round also measures the machine's ceilings (fp32 FMA
 # peak, the bf16 dot-product peak where the CPU has AVX512_BF16, and the fp32 and bf16 gemms etude
-# uses: oneDNN, or OpenBLAS sgemm without it), and every result is printed as a fraction of them and as ratios within its round.
+# uses: oneDNN, or OpenBLAS sgemm without it), and every result is printed as a fraction of them
+# and as ratios within its round.
 #   bench/run.sh [build-dir]        (default build/bench)
 #
 # Figures that cannot lie: each measurement's timed window records the CPU time other processes

@@ -3,9 +3,9 @@
 // machine's ceilings measured in the same run: the fp32 FMA peak, the bf16 dot-product peak (n/a
 // without AVX512_BF16), and the fp32 and bf16 products etude uses (backend::cpu::gemm on float
 // and on bf16 operands: oneDNN where it is linked and fast here, else OpenBLAS or widened sgemm).
-// Prints one JSON line per measurement, with the CPU time other processes took
-// during its timed window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and,
-// for a step, the minor page faults per timed step (a steady step should take none).
+// Prints one JSON line per measurement, with the CPU time other processes took during its timed
+// window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and, for a step, the
+// minor page faults per timed step (a steady step should take none).
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
 // against the same model without conditions, steps of the two interleaved so that load on a shared
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
@@ -218,9 +218,9 @@ void bench_conditions(int steps) {
   const double plain_flops = plain_lm::train_flops(static_cast<double>(batch) * seq, seq);
   const double extra_flops = 3.0 * static_cast<double>(batch) *
                              (tiny.layers * (4 * d * d * seq + 4 * d * d * lc + 4 * seq * lc * d) + 2.0 * width * d * lc);
-  std::printf("{\"bench\": \"cond_cross\", \"precision\": \"%s\", \"batch\": %ld, \"frames\": %ld, \"cond_positions\": %d, "
-              "\"cond_width\": %d, \"plain_ms\": %.1f, \"cond_ms\": %.1f, \"time_ratio\": %.3f, "
-              "\"plain_gflop\": %.2f, \"extra_gflop\": %.2f, \"flop_ratio\": %.3f, "
+  std::printf("{\"bench\": \"cond_cross\", \"precision\": \"%s\", \"batch\": %ld, \"frames\": %ld, "
+              "\"cond_positions\": %d, \"cond_width\": %d, \"plain_ms\": %.1f, \"cond_ms\": %.1f, "
+              "\"time_ratio\": %.3f, \"plain_gflop\": %.2f, \"extra_gflop\": %.2f, \"flop_ratio\": %.3f, "
               "\"extra_ms_at_plain_rate\": %.1f, \"steps\": %d, \"threads\": %d, %s}\n",
               etude::precision::name_of<Precision>().c_str(), static_cast<long>(batch), static_cast<long>(frames), lc,
               width, mp * 1e3, mc * 1e3, mc / mp,

@@ -203,9 +203,24 @@ TEST_CASE("float products: the path float_products() names, and OpenBLAS, within
   // OpenBLAS, as in a program without oneDNN or on a CPU without a brgemm kernel
   using etude::backend::cpu_detail::dnnl_operands;
   auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
+  // where the path is live, the products really go there: the two libraries sum a long k in
+  // different orders, so some of 130·96 results differ in their last bits
+  const bool live = dnnl.active(dnnl_operands::f32);
+  CHECK(live == (cpu::float_products().rfind("oneDNN", 0) == 0));
+  const index_t m = 130, n = 96, k = 513;
+  const auto a = stored<float>(random_vector(std::size_t(m * k), 61));
+  const auto b = stored<float>(random_vector(std::size_t(k * n), 62));
+  auto product = [&] {
+    std::vector<float> c(std::size_t(m * n));
+    cpu::gemm(false, false, m, n, k, 1.0, a.data(), k, b.data(), n, 0.0, c.data(), n);
+    return c;
+  };
+  const auto on_path = product();
   dnnl.set_enabled(dnnl_operands::f32, false);
   CHECK(cpu::float_products().find("OpenBLAS") != std::string::npos);
   all_shapes();
+  const auto on_openblas = product();
   dnnl.set_enabled(dnnl_operands::f32, true);
+  CHECK(live == (std::memcmp(on_path.data(), on_openblas.data(), on_path.size() * sizeof(float)) != 0));
 #endif
 }

@@ -5,8 +5,8 @@
 // Long sequences take blocks of 128 rows: the products are most of the time, and taller blocks
 // run them faster once a row's keys outnumber the masked corner a tall diagonal block wastes.
 // Measured on 2 AVX-512 cores (head dim 64, step_bench tiny_long --profile, T=2048, forward and
-// backward ms per step): fp32 on oneDNN 72 and 152 (about 125 and 150 GFLOP/s) with 64 or 128
-// rows alike; bf16 on the dot products 48 and 86 with 128 rows, 54 and 101 with 64.
+// backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on the dot
+// products 48 and 86 with 128 rows, 54 and 101 with 64.
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
 // has them (bf16_dot_products()): scores and dP straight from the packed tensors, the
 // probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
@@ -70,7 +70,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
-    const bool dot16 = bf16_dots<A>();
+    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -107,7 +107,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
-    const bool dot16 = bf16_dots<A>();
+    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -212,14 +212,6 @@ struct cpu_attention {
                          dk + i0 * ldd, ldd);
       cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
-  }
-
-  // Whether bf16 tensors take the dot-product path in this process (decided once per call, the
-  // same for every head).
-  template <class A>
-  static bool bf16_dots() {
-    if constexpr (std::is_same_v<A, bf16>) return cpu_gemm::bf16_dot_products();
-    else return false;
   }
 
   // A product of two bf16 operands into float, on the calling thread (cpu_gemm's oneDNN path,

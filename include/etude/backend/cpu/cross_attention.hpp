@@ -48,7 +48,7 @@ struct cpu_cross_attention {
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
     const int slots = cpu_detail::slot_count("cpu::cross_attention_fwd", slot, scratch_size);
-    const bool dot16 = bf16_dots<A>();
+    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -86,7 +86,7 @@ struct cpu_cross_attention {
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
     const int slots = cpu_detail::slot_count("cpu::cross_attention_bwd", slot, scratch_size);
-    const bool dot16 = bf16_dots<A>();
+    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -192,14 +192,6 @@ struct cpu_cross_attention {
     if (steps == 0)
       for (index_t j = 0; j < n; ++j)
         for (index_t c = 0; c < hd; ++c) dk[j * lddk + c] = dv[j * lddk + c] = F(0.0);
-  }
-
-  // Whether bf16 tensors take the dot-product path in this process (decided once per call, the
-  // same for every head).
-  template <class A>
-  static bool bf16_dots() {
-    if constexpr (std::is_same_v<A, bf16>) return cpu_gemm::bf16_dot_products();
-    else return false;
   }
 
   // fwd_head on bf16 dot products: q, k, v read in place. Slot: float scores (cross_rows,

@@ -7,7 +7,7 @@
 //   f32: float operands and result, in place of OpenBLAS's sgemm where oneDNN picks a brgemm
 //     kernel for the CPU (oneDNN 2.6: AVX-512 and later; on AVX2 it picks gemm:jit, and OpenBLAS
 //     keeps the products). Measured on 2 AVX-512 cores it was faster on every product a step
-//     makes: 210 vs 198 GFLOP/s on small's projections, 200-207 vs 142-148 on tiny's FFN, and
+//     makes: 210 vs 198 GFLOP/s on small's projections, 189-207 vs 142-160 on tiny's FFN, and
 //     single-threaded on attention's 64-row blocks 104-115 vs 89-96.
 // Any strides; a transposed operand is the same memory read by swapped strides.
 #pragma once
@@ -92,10 +92,10 @@ class dnnl_gemm {
     } alone(nested);
     try {
       // Each thread keeps the primitives it has used, with memory objects made once and pointed at
-      // the operands of each call: only a shape new to the thread takes the shared cache's lock,
-      // and making memory objects anew took a page fault every other product. A product inside
-      // attention is a few microseconds of arithmetic, so the lock, the lookups and the argument
-      // map a call used to build were a measurable share of it.
+      // the operands of each call: only a shape new to the thread takes the shared cache's lock
+      // (ranks as threads share it), and making memory objects anew took a page fault every other
+      // product. The call itself goes through the C API with a fixed argument array, so it
+      // allocates nothing.
       thread_local std::unordered_map<key, bound, key_hash> mine;
       thread_local dnnl::stream stream(engine_);
       thread_local std::vector<unsigned char> own;
