@@ -4,6 +4,7 @@
 // oneDNN where the program links it.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -223,4 +224,77 @@ TEST_CASE("float products: the path float_products() names, and OpenBLAS, within
   dnnl.set_enabled(dnnl_operands::f32, true);
   CHECK(live == (std::memcmp(on_path.data(), on_openblas.data(), on_path.size() * sizeof(float)) != 0));
 #endif
+}
+
+TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A seen transposed, within float "
+          "roundings",
+          "[ops]") {
+  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  using etude::bf16;
+  if (!pairs::available()) {
+    CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, nullptr, 1, 1, nullptr, 16, 0.0f, nullptr, 1),
+                      Catch::Contains("AVX512_BF16"));
+    WARN("this CPU has no AVX512_BF16: the pair products are not exercised");
+    return;
+  }
+  // odd and even reductions, partial row tiles (6) and column vectors (16), a 64-column panel and more
+  for (const auto [m, n, k] :
+       {std::array<index_t, 3>{7, 33, 9}, {64, 64, 130}, {13, 130, 64}, {1, 1, 1}, {70, 17, 2}}) {
+    INFO("m " << m << " n " << n << " k " << k);
+    const index_t even = k + k % 2, pair_count = even / 2, lda = even + 4, ldc = n + 3;
+    // A (m × k) in rows of even length (zero past k); B (k × n) once row-major, once stored transposed
+    std::vector<bf16> a(std::size_t(m * lda), bf16(0.0f)), b(std::size_t(k * n));
+    std::vector<bf16> bt(std::size_t(n * even), bf16(0.0f));
+    const auto av = random_vector(std::size_t(m * k), 71), bv = random_vector(std::size_t(k * n), 72);
+    for (index_t i = 0; i < m; ++i)
+      for (index_t p = 0; p < k; ++p) a[std::size_t(i * lda + p)] = bf16(float(av[std::size_t(i * k + p)]));
+    for (index_t p = 0; p < k; ++p)
+      for (index_t j = 0; j < n; ++j)
+        bt[std::size_t(j * even + p)] = b[std::size_t(p * n + j)] = bf16(float(bv[std::size_t(p * n + j)]));
+    // A transposed (k × m), its rows paired: A(i, p) is word p·ldp + i
+    std::vector<bf16> at(std::size_t(k * m));
+    for (index_t i = 0; i < m; ++i)
+      for (index_t p = 0; p < k; ++p) at[std::size_t(p * m + i)] = a[std::size_t(i * lda + p)];
+    const index_t ldb = pairs::padded(n) + 16, ldp = pairs::padded(m);
+    std::vector<pairs::word> by_rows(std::size_t(pair_count * ldb), 0xFFFFFFFFu);
+    std::vector<pairs::word> by_columns(by_rows.size(), 0xFFFFFFFFu), a_paired(std::size_t(pair_count * ldp));
+    pairs::pack_rows(by_rows.data(), ldb, b.data(), n, k, n);
+    pairs::pack_columns(by_columns.data(), ldb, bt.data(), even, n, even);
+    pairs::pack_rows(a_paired.data(), ldp, at.data(), m, k, m);
+    // the packings hold the same words, zeros to the next 16 columns
+    for (index_t q = 0; q < pair_count; ++q)
+      for (index_t j = 0; j < pairs::padded(n); ++j)
+        CHECK(by_rows[std::size_t(q * ldb + j)] == by_columns[std::size_t(q * ldb + j)]);
+    const auto* a_rows = reinterpret_cast<const pairs::word*>(a.data());
+    for (const float beta : {0.0f, 0.5f}) {
+      const auto c0 = random_vector(std::size_t(m * ldc), 73);
+      std::vector<float> c1(c0.begin(), c0.end()), c2 = c1, c3 = c1;
+      pairs::product(m, n, pair_count, 0.25f, a_rows, lda / 2, 1, by_rows.data(), ldb, beta, c1.data(), ldc);
+      pairs::product(m, n, pair_count, 0.25f, a_rows, lda / 2, 1, by_columns.data(), ldb, beta, c2.data(), ldc);
+      pairs::product(m, n, pair_count, 0.25f, a_paired.data(), 1, ldp, by_rows.data(), ldb, beta, c3.data(), ldc);
+      CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);  // the same words, the same order
+      double worst = 0.0;
+      for (index_t i = 0; i < m; ++i) {
+        for (index_t j = 0; j < n; ++j) {
+          double sum = 0.0, magnitude = 0.0;
+          for (index_t p = 0; p < k; ++p) {
+            const double t = double(float(a[std::size_t(i * lda + p)])) * double(float(b[std::size_t(p * n + j)]));
+            sum += t;
+            magnitude += std::abs(t);
+          }
+          const double c = double(float(c0[std::size_t(i * ldc + j)]));
+          const double want = 0.25 * sum + beta * c;
+          const double bound = double(k + 2) * 0x1p-24 * (0.25 * magnitude + beta * std::abs(c));
+          for (const auto* got : {&c1, &c3})
+            worst = std::max(worst, std::abs(double((*got)[std::size_t(i * ldc + j)]) - want) / (bound + 1e-30));
+        }
+        // the padding between rows of C is never written
+        for (index_t j = n; j < ldc; ++j) {
+          CHECK(c1[std::size_t(i * ldc + j)] == float(c0[std::size_t(i * ldc + j)]));
+          CHECK(c3[std::size_t(i * ldc + j)] == float(c0[std::size_t(i * ldc + j)]));
+        }
+      }
+      CHECK(worst <= 1.0);
+    }
+  }
 }

@@ -8,17 +8,20 @@
 // backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on the dot
 // products 48 and 86 with 128 rows, 54 and 101 with 64.
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
-// has them (bf16_dot_products()): scores and dP straight from the packed tensors, the
-// probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
+// multiplies bf16 on them (bf16_dot_products()) and the CPU has AVX512_BF16: etude's own kernels
+// (detail/bf16_pairs.hpp) on operands paired once per head, scores and dP from q and dO in place,
+// the probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/heads.hpp"
 #include "etude/backend/cpu/gemm.hpp"
@@ -41,7 +44,8 @@ struct cpu_attention {
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
   // or for a block's bf16 probabilities and dS where those meet the bf16 dot products.
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
-    return 2 * attention_rows(steps) * steps + (staged ? 7 * steps * head_dim + attention_rows(steps) * steps : 0);
+    return 2 * attention_rows(steps) * steps +
+           (staged ? std::max(7 * steps * head_dim, pair_room_floats(steps, head_dim)) : 0);
   }
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
@@ -63,6 +67,13 @@ struct cpu_attention {
   }
 
  private:
+  // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
+  // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
+  // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
+  static bool dot_products(index_t head_dim) {
+    return head_dim % 2 == 0 && cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available();
+  }
+
   template <class A, class St>
   static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
                       cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
@@ -70,7 +81,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
-    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
+    const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -107,7 +118,7 @@ struct cpu_attention {
     constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
-    const bool dot16 = std::is_same_v<A, bf16> && cpu_gemm::bf16_dot_products();  // the same for every head
+    const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -153,9 +164,7 @@ struct cpu_attention {
       cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
       for (index_t i = i0; i < i1; ++i) {
         F* row = p + (i - i0) * i1;
-        F mx = row[0];
-#pragma omp simd reduction(max : mx)
-        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        const F mx = cpu_detail::row_max(row, i + 1);
         F sum = F(0.0);
 #pragma omp simd reduction(+ : sum)
         for (index_t j = 0; j <= i; ++j) {
@@ -214,48 +223,91 @@ struct cpu_attention {
     }
   }
 
-  // A product of two bf16 operands into float, on the calling thread (cpu_gemm's oneDNN path,
-  // which needs no workspace).
-  static void dot16(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const bf16* a,
-                    index_t lda, const bf16* b, index_t ldb, float beta, float* c, index_t ldc) {
-    cpu_gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // The dot path's room in a slot, past the float scores and dP (2·block·steps): P or dS in bf16
+  // rows (block × even steps), P and dS with rows paired (block/2 × steps words each), K and V
+  // paired along the head dimension (head_dim/2 × padded steps words each), K, Q and dO (V in the
+  // forward) with rows paired (steps/2 × padded head_dim words each), and dQ, dK, dV in float
+  // (the forward's output block uses dQ's). Each piece starts on a 64-byte line.
+  using pair_word = cpu_detail::bf16_pairs::word;
+  struct pair_room {
+    bf16* rows;
+    pair_word *p_pairs, *ds_pairs, *kt, *vt, *kr, *qr, *dor;
+    float *dq, *dk, *dv;
+  };
+  static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    const index_t block = attention_rows(steps), even = steps + steps % 2;
+    return block * even / 2 + block * steps + head_dim * pairs::padded(steps) +
+           3 * (even / 2) * pairs::padded(head_dim) + 3 * steps * head_dim + 11 * pairs::lanes;
+  }
+  static pair_room carve(float* at, index_t steps, index_t head_dim) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    const index_t block = attention_rows(steps), even = steps + steps % 2;
+    const index_t t = pairs::padded(steps), r = pairs::padded(head_dim);
+    const auto take = [&at](index_t floats) {
+      const auto misplaced = reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float);
+      float* piece = at + (misplaced == 0 ? 0 : pairs::lanes - static_cast<index_t>(misplaced));
+      at = piece + floats;
+      return piece;
+    };
+    const auto words = [&take](index_t n) { return reinterpret_cast<pair_word*>(take(n)); };
+    pair_room room{};
+    room.rows = reinterpret_cast<bf16*>(take(block * even / 2));
+    room.p_pairs = words(block / 2 * steps);
+    room.ds_pairs = words(block / 2 * steps);
+    room.kt = words(head_dim / 2 * t);
+    room.vt = words(head_dim / 2 * t);
+    room.kr = words(even / 2 * r);
+    room.qr = words(even / 2 * r);
+    room.dor = words(even / 2 * r);
+    room.dq = take(steps * head_dim);
+    room.dk = take(steps * head_dim);
+    room.dv = take(steps * head_dim);
+    return room;
+  }
+  static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
+
+  // One score row of `keys` valid entries: exponentials (in place, in float), rounded to bf16 in
+  // rb, which is zero from `keys` to `width`; returns the log-sum-exp, and 1/sum in inv.
+  static float softmax_row(float* __restrict row, bf16* __restrict rb, index_t keys, index_t width, float& inv) {
+    const float mx = cpu_detail::row_max(row, keys);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (index_t j = 0; j < keys; ++j) {
+      row[j] = cpu_detail::vexp(row[j] - mx);
+      sum += row[j];
+    }
+#pragma omp simd
+    for (index_t j = 0; j < keys; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
+    for (index_t j = keys; j < width; ++j) rb[j] = bf16::from_bits(0);
+    inv = 1.0f / sum;
+    return mx + std::log(sum);
   }
 
-  // attention_fwd_head on bf16 dot products: q, k, v at offsets 0, d, 2d of rows with stride ld.
-  // Slot: float scores (block, steps), then bf16 probabilities (block, steps), then from
-  // 2·block·steps a block's float output (block, head_dim). The row sums are the float
-  // probabilities'; the rounded ones meet V.
+  // attention_fwd_head on the CPU's bf16 dot products (bf16_pairs): q, k, v at offsets 0, d, 2d of
+  // rows with stride ld. K and V are paired once for the head; each block's scores come from q in
+  // place, its probabilities are rounded to bf16 (rows of even length, zero past the last key) to
+  // meet V. The row sums are the float probabilities'.
   template <class O, class St>
   static void attention_fwd_head_bf16(float* p, const bf16* q, index_t ld, O* out, index_t ldo, St* lse,
                                       index_t lse_ld, index_t steps, index_t head_dim, index_t d) {
+    namespace pairs = cpu_detail::bf16_pairs;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
-    bf16* pb = reinterpret_cast<bf16*>(p + block * steps);
-    float* of = p + 2 * block * steps;
+    const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
+    const pair_room room = carve(p + 2 * block * steps, steps, head_dim);
+    pair_word *kt = room.kt, *vr = room.kr;
+    pairs::pack_columns(kt, ldt, k, ld, steps, head_dim);
+    pairs::pack_rows(vr, ldr, v, ld, steps, head_dim);
+    float* of = room.dq;
     float inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
-      dot16(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, 0.0f, p, i1);
-      for (index_t i = i0; i < i1; ++i) {
-        float* row = p + (i - i0) * i1;
-        bf16* rb = pb + (i - i0) * i1;
-        float mx = row[0];
-#pragma omp simd reduction(max : mx)
-        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (index_t j = 0; j <= i; ++j) {
-          row[j] = cpu_detail::vexp(row[j] - mx);
-          sum += row[j];
-        }
-#pragma omp simd
-        for (index_t j = 0; j <= i; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
-        inv[i - i0] = 1.0f / sum;
-        for (index_t j = i + 1; j < i1; ++j) rb[j] = bf16(0.0f);
-        lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
-      }
-      dot16(false, false, rows, head_dim, i1, 1.0f, pb, i1, v, ld, 0.0f, of, head_dim);
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, w = i1 + i1 % 2;
+      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, kt, ldt, 0.0f, p, i1);
+      for (index_t r = 0; r < rows; ++r)
+        lse[(i0 + r) * lse_ld] = static_cast<St>(softmax_row(p + r * i1, room.rows + r * w, i0 + r + 1, w, inv[r]));
+      pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), w / 2, 1, vr, ldr, 0.0f, of, head_dim);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
         const float* f = of + r * head_dim;
@@ -266,30 +318,34 @@ struct cpu_attention {
     }
   }
 
-  // attention_bwd_head on bf16 dot products: q, k, v (offsets 0, d, 2d, stride ld) and dO
-  // (stride ldo) read in place; dQ, dK, dV summed in float (the slot's staged room) and rounded
-  // once into dq, dq + d, dq + 2d (stride ldd). P and dS are formed in float and rounded to bf16
-  // to meet dO, Q and K.
+  // attention_bwd_head on the CPU's bf16 dot products: q, k, v (offsets 0, d, 2d, stride ld) and
+  // dO (stride ldo) paired once for the head; dQ, dK, dV summed in float and rounded once into dq,
+  // dq + d, dq + 2d (stride ldd). P and dS are formed in float and rounded to bf16: dS in rows to
+  // meet K, P and dS with the block's rows paired to meet dO and Q (the transposed products).
   template <class DQ, class St>
   static void attention_bwd_head_bf16(float* p, const bf16* q, index_t ld, const bf16* dout, index_t ldo, DQ* dq,
                                       index_t ldd, const St* lse, index_t lse_ld, index_t steps, index_t head_dim,
                                       index_t d) {
+    namespace pairs = cpu_detail::bf16_pairs;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block, n = steps * head_dim;
+    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
     float* dp = p + block * steps;
-    bf16* pb = reinterpret_cast<bf16*>(p + 2 * block * steps);
-    bf16* sb = pb + block * steps;
-    float *dqf = p + 3 * block * steps, *dkf = dqf + n, *dvf = dkf + n;
+    const pair_room room = carve(p + 2 * block * steps, steps, head_dim);
+    pairs::pack_columns(room.kt, ldt, k, ld, steps, head_dim);
+    pairs::pack_columns(room.vt, ldt, v, ld, steps, head_dim);
+    pairs::pack_rows(room.kr, ldr, k, ld, steps, head_dim);
+    pairs::pack_rows(room.qr, ldr, q, ld, steps, head_dim);
+    pairs::pack_rows(room.dor, ldr, dout, ldo, steps, head_dim);
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
-      dot16(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, 0.0f, p, i1);
-      dot16(false, true, rows, i1, head_dim, 1.0f, dout + i0 * ldo, ldo, v, ld, 0.0f, dp, i1);
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, w = i1 + i1 % 2;
+      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, i1);
+      pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, i1);
       for (index_t i = i0; i < i1; ++i) {
         float* pr = p + (i - i0) * i1;
         float* dr = dp + (i - i0) * i1;
-        bf16* prb = pb + (i - i0) * i1;
-        bf16* srb = sb + (i - i0) * i1;
+        bf16* srb = room.rows + (i - i0) * w;
         const float l = static_cast<float>(lse[i * lse_ld]);
 #pragma omp simd
         for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
@@ -297,25 +353,50 @@ struct cpu_attention {
 #pragma omp simd reduction(+ : dot)
         for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) {
-          prb[j] = cpu_detail::cv<bf16>(pr[j]);
-          srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
+        for (index_t j = 0; j <= i; ++j) srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
+        for (index_t j = i + 1; j < i1; ++j) pr[j] = 0.0f;
+        for (index_t j = i + 1; j < w; ++j) srb[j] = bf16::from_bits(0);
+      }
+      // the block's rows paired: P from its floats, dS from its bf16 rows; an odd last row pairs with zeros
+      for (index_t r = 0; r < rows; r += 2) {
+        const float* p0 = p + r * i1;
+        const bf16* s0 = room.rows + r * w;
+        pair_word* pp = room.p_pairs + r / 2 * i1;
+        pair_word* sp = room.ds_pairs + r / 2 * i1;
+        if (r + 1 < rows) {
+          const float* p1 = p0 + i1;
+          const bf16* s1 = s0 + w;
+#pragma omp simd
+          for (index_t j = 0; j < i1; ++j) {
+            pp[j] = pairs::join(cpu_detail::cv<bf16>(p0[j]), cpu_detail::cv<bf16>(p1[j]));
+            sp[j] = pairs::join(s0[j], s1[j]);
+          }
+        } else {
+#pragma omp simd
+          for (index_t j = 0; j < i1; ++j) {
+            pp[j] = pairs::join(cpu_detail::cv<bf16>(p0[j]), bf16::from_bits(0));
+            sp[j] = pairs::join(s0[j], bf16::from_bits(0));
+          }
         }
-        for (index_t j = i + 1; j < i1; ++j) prb[j] = srb[j] = bf16(0.0f);
       }
+      // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
+      // i0 of dK and dV are first written by this block
+      const index_t row_pairs = (rows + 1) / 2;
+      const pair_word *dob = room.dor + i0 / 2 * ldr, *qb = room.qr + i0 / 2 * ldr;
       if (i0 > 0) {
-        dot16(true, false, i0, head_dim, rows, 1.0f, pb, i1, dout + i0 * ldo, ldo, 1.0f, dvf, head_dim);
-        dot16(true, false, i0, head_dim, rows, scale, sb, i1, q + i0 * ld, ld, 1.0f, dkf, head_dim);
+        pairs::product(i0, head_dim, row_pairs, 1.0f, room.p_pairs, 1, i1, dob, ldr, 1.0f, room.dv, head_dim);
+        pairs::product(i0, head_dim, row_pairs, scale, room.ds_pairs, 1, i1, qb, ldr, 1.0f, room.dk, head_dim);
       }
-      dot16(true, false, rows, head_dim, rows, 1.0f, pb + i0, i1, dout + i0 * ldo, ldo, 0.0f, dvf + i0 * head_dim,
-            head_dim);
-      dot16(true, false, rows, head_dim, rows, scale, sb + i0, i1, q + i0 * ld, ld, 0.0f, dkf + i0 * head_dim,
-            head_dim);
-      dot16(false, false, rows, head_dim, i1, scale, sb, i1, k, ld, 0.0f, dqf + i0 * head_dim, head_dim);
+      pairs::product(rows, head_dim, row_pairs, 1.0f, room.p_pairs + i0, 1, i1, dob, ldr, 0.0f,
+                          room.dv + i0 * head_dim, head_dim);
+      pairs::product(rows, head_dim, row_pairs, scale, room.ds_pairs + i0, 1, i1, qb, ldr, 0.0f,
+                          room.dk + i0 * head_dim, head_dim);
+      pairs::product(rows, head_dim, w / 2, scale, words(room.rows), w / 2, 1, room.kr, ldr, 0.0f,
+                          room.dq + i0 * head_dim, head_dim);
     }
-    cpu_detail::narrow_head(dq, ldd, dqf, steps, head_dim);
-    cpu_detail::narrow_head(dq + d, ldd, dkf, steps, head_dim);
-    cpu_detail::narrow_head(dq + 2 * d, ldd, dvf, steps, head_dim);
+    cpu_detail::narrow_head(dq, ldd, room.dq, steps, head_dim);
+    cpu_detail::narrow_head(dq + d, ldd, room.dk, steps, head_dim);
+    cpu_detail::narrow_head(dq + 2 * d, ldd, room.dv, steps, head_dim);
   }
 };
 

@@ -1,0 +1,185 @@
+// etude's own bf16 products on AVX512_BF16 (vdpbf16ps: two bf16 products added to a float lane),
+// for attention's per-head blocks. oneDNN's matmul repacks an operand into its pair layout on
+// every call; a head's blocks meet the same K, V, Q and dO many times, so these products take
+// operands already in that layout, packed once per head.
+//
+// The layout: a 32-bit word holds two bf16 that meet the same output, the even reduction index in
+// its low half. B (reduction × columns) is `pairs` rows of words, ldb words apart, its columns
+// readable up to the next multiple of 16 (the packers write zeros there). A (rows × reduction) is
+// read a word at a time at a + i·a_row + p·a_pair, so a row-major bf16 matrix (a_row = ld/2,
+// a_pair = 1) and a pair-interleaved one seen transposed (a_row = 1, a_pair = ld) both serve.
+// An odd reduction's last pair carries a zero in both operands' high halves.
+//
+// The instructions flush bf16 subnormals (below 2^-126) to zero and round each addition to float;
+// the order of additions is fixed by the shape, so a result is the same bits on every call.
+// available() says whether this CPU has them (checked once); callers keep another path for
+// CPUs without.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "etude/core/dtype.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#include <immintrin.h>
+#define ETUDE_BF16_PAIRS 1
+#define ETUDE_BF16_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#endif
+
+namespace etude::backend::cpu_detail::bf16_pairs {
+
+using word = std::uint32_t;
+
+inline constexpr index_t lanes = 16;  // floats in a zmm register
+inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
+
+// Words a packed B of `pairs` × `columns` takes (columns padded to 16).
+inline constexpr index_t packed_words(index_t pairs, index_t columns) { return pairs * padded(columns); }
+
+inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
+
+// B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
+// dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words.
+inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  const bf16 zero = bf16::from_bits(0);
+  for (index_t r = 0; r < rows; r += 2) {
+    const bf16* s0 = src + r * ld;
+    const bf16* s1 = r + 1 < rows ? s0 + ld : nullptr;
+    word* d = dst + (r / 2) * ldd;
+    if (s1 != nullptr) {
+#pragma omp simd
+      for (index_t c = 0; c < cols; ++c) d[c] = join(s0[c], s1[c]);
+    } else {
+#pragma omp simd
+      for (index_t c = 0; c < cols; ++c) d[c] = join(s0[c], zero);
+    }
+    std::fill(d + cols, d + padded(cols), word(0));
+  }
+}
+
+// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its even
+// number of columns): dst word (c/2, r) holds columns c and c+1 of row r; ldd ≥ padded(rows).
+inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  for (index_t c = 0; c < cols; c += 2) {
+    word* d = dst + (c / 2) * ldd;
+    const bf16* s = src + c;
+#pragma omp simd
+    for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], s[r * ld + 1]);
+    std::fill(d + rows, d + padded(rows), word(0));
+  }
+}
+
+#ifdef ETUDE_BF16_PAIRS
+
+inline bool available() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
+}
+
+namespace kernel {
+
+inline word load_word(const word* p) {
+  word w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+
+// Rows × (16·V) outputs in registers; `last` masks the final vector's columns.
+template <int Rows, int V>
+ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a_row, index_t a_pair, const word* b,
+                                         index_t ldb, float alpha, float beta, float* c, index_t ldc,
+                                         __mmask16 last) {
+  __m512 acc[Rows][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (index_t p = 0; p < pairs; ++p) {
+    __m512bh bv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * lanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_word(a + r * a_row + p * a_pair)));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      float* o = c + r * ldc + v * lanes;
+      const __mmask16 m = v + 1 == V ? last : __mmask16(0xFFFF);
+      __m512 x = _mm512_mul_ps(acc[r][v], va);
+      if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, o), vb, x);
+      _mm512_mask_storeu_ps(o, m, x);
+    }
+}
+
+inline constexpr int tile_rows = 6;  // 6 × 4 accumulators, 4 B vectors and a broadcast: 29 of 32 registers
+inline constexpr int tile_vectors = 4;
+
+template <int V>
+ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const word* a, index_t a_row,
+                                                 index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
+                                                 float* c, index_t ldc, __mmask16 last) {
+  index_t i = 0;
+  for (; i + tile_rows <= m; i += tile_rows)
+    tile<tile_rows, V>(pairs, a + i * a_row, a_row, a_pair, b, ldb, alpha, beta, c + i * ldc, ldc, last);
+  const word* ai = a + i * a_row;
+  float* ci = c + i * ldc;
+  switch (m - i) {
+    case 5: tile<5, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 4: tile<4, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 3: tile<3, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 2: tile<2, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 1: tile<1, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    default: break;
+  }
+}
+
+}  // namespace kernel
+
+// C (m × n floats, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` word pairs, on
+// the calling thread. beta = 0 never reads C. Requires available().
+ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const word* a,
+                                            index_t a_row, index_t a_pair, const word* b, index_t ldb, float beta,
+                                            float* c, index_t ldc) {
+  constexpr index_t panel = kernel::tile_vectors * lanes;
+  for (index_t j = 0; j < n; j += panel) {
+    const index_t cols = std::min(panel, n - j);
+    const int vectors = static_cast<int>((cols + lanes - 1) / lanes);
+    const index_t tail = cols - (vectors - 1) * lanes;
+    const __mmask16 last = static_cast<__mmask16>((1u << tail) - 1u);
+    switch (vectors) {
+      case 4: kernel::column_panel<4>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
+      case 3: kernel::column_panel<3>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
+      case 2: kernel::column_panel<2>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
+      default: kernel::column_panel<1>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
+    }
+  }
+}
+
+#else
+
+inline bool available() { return false; }
+
+// Callers check available() first; the declaration keeps their code one path on other CPUs.
+inline void product(index_t, index_t, index_t, float, const word*, index_t, index_t, const word*, index_t, float,
+                    float*, index_t) {
+  throw error("cpu bf16_pairs::product: built for a CPU without AVX512_BF16; check available() first");
+}
+
+#endif
+
+}  // namespace etude::backend::cpu_detail::bf16_pairs
