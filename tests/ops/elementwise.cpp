@@ -57,3 +57,35 @@ TEST_CASE("vectorised erf is within 3 ulp of libm", "[ops]") {
   CHECK(etude::backend::cpu_detail::erf_poly(0.0f) == 0.0f);
   CHECK(std::isnan(etude::backend::cpu_detail::erf_poly(std::nanf(""))));
 }
+
+TEST_CASE("GELU backward in float is the exact derivative within a few roundings", "[ops]") {
+  // float and bf16 inputs over the range a step sees, against the derivative in double
+  std::vector<float> x, dy;
+  for (float v = -7.0f; v <= 7.0f; v += 0.0009765625f) {
+    x.push_back(v);
+    dy.push_back(1.0f - v / 16.0f);
+  }
+  std::vector<float> dx = dy;
+  cpu::gelu_bwd(dx.data(), x.data(), index_t(x.size()));
+  std::vector<etude::bf16> xb(x.size()), dxb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    xb[i] = etude::bf16(x[i]);
+    dxb[i] = etude::bf16(dy[i]);
+  }
+  cpu::gelu_bwd(dxb.data(), xb.data(), index_t(x.size()));
+  double worst = 0.0, worst_bf16 = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const auto derivative = [](double v) {
+      return 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
+    };
+    const double v = x[i], vb = static_cast<float>(xb[i]);
+    // the two terms' magnitudes bound the rounding: cdf and |x|·pdf, each within a few float ulp
+    const double scale = std::abs(dy[i]) * (1.0 + std::abs(v) * std::exp(-0.5 * v * v));
+    worst = std::max(worst, std::abs(dx[i] - dy[i] * derivative(v)) / (scale * 0x1p-24));
+    const double got = static_cast<float>(dxb[i]), want = static_cast<float>(etude::bf16(dy[i])) * derivative(vb);
+    worst_bf16 = std::max(worst_bf16, std::abs(got - want) / (std::abs(want) * 0x1p-8 + scale * 0x1p-22));
+  }
+  INFO("float: " << worst << " float roundings; bf16: " << worst_bf16 << " of its bound");
+  CHECK(worst <= 16.0);
+  CHECK(worst_bf16 <= 1.0);
+}

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
@@ -35,7 +36,8 @@ struct cpu_elementwise {
       y[i] = cpu_detail::cv<Y>(F(0.5) * v * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440))));
     }
   }
-  // dx = dy · gelu'(x), in place over dy.
+  // dx = dy · gelu'(x), in place over dy. In float the density's e^(−x²/2) is the one erf(x/√2)
+  // needs, computed once (a quarter of the backward's time).
   template <class DY, class X>
   static void gelu_bwd(DY* dy, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
@@ -43,8 +45,16 @@ struct cpu_elementwise {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) {
       const F v = cpu_detail::cv<F>(x[i]);
-      const F cdf = F(0.5) * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440)));
-      const F pdf = inv_sqrt_2pi * cpu_detail::vexp(-F(0.5) * v * v);
+      const F s = v * F(0.70710678118654752440);
+      F cdf, pdf;
+      if constexpr (std::is_same_v<F, float>) {
+        const float gauss = cpu_detail::exp_cody_waite(-(s * s));
+        cdf = 0.5f * (1.0f + cpu_detail::erf_from(s, gauss));
+        pdf = inv_sqrt_2pi * gauss;
+      } else {
+        cdf = F(0.5) * (F(1.0) + cpu_detail::verf(s));
+        pdf = inv_sqrt_2pi * cpu_detail::vexp(-F(0.5) * v * v);
+      }
       dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * (cdf + v * pdf));
     }
   }

@@ -63,8 +63,10 @@ inline float exp_cody_waite(float x) {
 // |x| < 1: x·(a0 + u·Q(u)) with u = x², Q of degree 5; 1 <= |x| < 4: 1 − e^(−x²)·R(1/|x|) with R
 // of degree 9 (erfc(x)·e^(x²) is smooth in 1/x); |x| >= 4: ±1 (erfc(4) is below half an ulp of 1).
 // Coefficients: weighted least-squares fits for relative error, made for etude (tools: numpy).
+// erf_from takes e^(−x²), which the large branch needs, from its caller: GELU's backward has the
+// same exponential in its density and computes it once for both.
 #pragma omp declare simd notinbranch
-inline float erf_poly(float x) {
+inline float erf_from(float x, float gauss) {
   const float a = select(x < 0.0f, -x, x);
   const float u = a * a;
   float q = 7.898209878476337e-05f;
@@ -85,10 +87,12 @@ inline float erf_poly(float x) {
   b = b * t + 0.019603915512561798f;
   b = b * t + 0.5618857145309448f;
   b = b * t + 0.00011466929572634399f;
-  const float large = 1.0f - exp_cody_waite(-u) * b;
+  const float large = 1.0f - gauss * b;
   const float r = select(a < 1.0f, small, select(a >= 4.0f, 1.0f, large));  // NaN falls through to `large`
   return select(x < 0.0f, -r, r);
 }
+#pragma omp declare simd notinbranch
+inline float erf_poly(float x) { return erf_from(x, exp_cody_waite(-(x * x))); }
 
 // The backend's exponential: the vectorisable float kernel above, libm in double (the double
 // instantiation is the gradient-check oracle, where speed does not matter).
