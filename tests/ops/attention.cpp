@@ -101,12 +101,15 @@ std::vector<etude::bf16> narrow(const std::vector<double>& v) {
 // Float's own errors (scores, exp, sums over ≤ 600 terms) stay below 2^-12 of the terms' size.
 // Without dot products (widened) nothing but the output is rounded: the bound drops P's and dS's u.
 // Returns the bf16 output.
+// Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
+bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
+
 std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int heads) {
   using etude::bf16;
   constexpr index_t hd = 64;
   const index_t d = heads * hd, ld = 3 * d;
   const double u = etude::dtype_traits<bf16>::unit_roundoff, f = 0x1p-12, scale = 1 / std::sqrt(double(hd));
-  const double pu = cpu::bf16_dot_products() ? u : 0.0;  // the rounding of P and dS
+  const double pu = attention_dots() ? u : 0.0;  // the rounding of P and dS
   const auto qkv = rounded(random_vector(batch * steps * ld, 11, 2.0)), dout = rounded(random_vector(batch * steps * d, 12));
   const auto qkv_b = narrow(qkv), dout_b = narrow(dout);
 
@@ -186,7 +189,7 @@ std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int 
         }
     }
   std::printf("bf16 attention (%s), S=%ld: largest error %.2f of its bound\n",
-              cpu::bf16_dot_products() ? "bf16 dot products" : "widened to float", static_cast<long>(steps), worst);
+              attention_dots() ? "bf16 dot products" : "widened to float", static_cast<long>(steps), worst);
   return att_b;
 }
 
@@ -201,7 +204,7 @@ TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS"
   const auto shorter = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
   const auto longer = check_bf16_attention(1, 600, 1);  // blocks of 128 rows
 #ifdef ETUDE_WITH_DNNL
-  if (cpu::bf16_dot_products()) {
+  if (attention_dots()) {
     // the widened path, as on a CPU without the instructions, within its tighter bound; the two
     // paths differ (the dot products' rounded probabilities show in the output)
     using etude::backend::cpu_detail::dnnl_operands;

@@ -5,8 +5,9 @@
 // Long sequences take blocks of 128 rows: the products are most of the time, and taller blocks
 // run them faster once a row's keys outnumber the masked corner a tall diagonal block wastes.
 // Measured on 2 AVX-512 cores (head dim 64, step_bench tiny_long --profile, T=2048, forward and
-// backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on the dot
-// products 48 and 86 with 128 rows, 54 and 101 with 64.
+// backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on oneDNN's dot
+// products 48 and 86 with 128 rows, 54 and 101 with 64; bf16 on etude's own kernels 39–44 and
+// 79–94 with 128 rows, 37–39 and 79–83 with 64 (3 interleaved rounds: within the machine's noise).
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
 // multiplies bf16 on them (bf16_dot_products()) and the CPU has AVX512_BF16: etude's own kernels
 // (detail/bf16_pairs.hpp) on operands paired once per head, scores and dP from q and dO in place,
