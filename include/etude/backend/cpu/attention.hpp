@@ -43,7 +43,7 @@ struct cpu_attention {
 
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
-  // or for a block's bf16 probabilities and dS where those meet the bf16 dot products.
+  // or for the dot path's paired operands (pair_room), whichever is larger.
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
     return 2 * attention_rows(steps) * steps +
            (staged ? std::max(7 * steps * head_dim, pair_room_floats(steps, head_dim)) : 0);

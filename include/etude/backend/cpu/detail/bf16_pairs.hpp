@@ -37,9 +37,6 @@ using word = std::uint32_t;
 inline constexpr index_t lanes = 16;  // floats in a zmm register
 inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
 
-// Words a packed B of `pairs` × `columns` takes (columns padded to 16).
-inline constexpr index_t packed_words(index_t pairs, index_t columns) { return pairs * padded(columns); }
-
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
 
 // B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
