@@ -17,6 +17,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -235,36 +236,32 @@ struct cpu_attention {
     pair_word *p_pairs, *ds_pairs, *kt, *vt, *kr, *qr, *dor;
     float *dq, *dk, *dv;
   };
-  static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
+  // The pieces' sizes in floats, in pair_room's order: one list for the slot's size and its carving.
+  static constexpr std::array<index_t, 11> pair_pieces(index_t steps, index_t head_dim) {
     namespace pairs = cpu_detail::bf16_pairs;
     const index_t block = attention_rows(steps), even = steps + steps % 2;
-    return block * even / 2 + block * steps + head_dim * pairs::padded(steps) +
-           3 * (even / 2) * pairs::padded(head_dim) + 3 * steps * head_dim + 11 * pairs::lanes;
+    const index_t across = head_dim / 2 * pairs::padded(steps), along = even / 2 * pairs::padded(head_dim);
+    const index_t paired = block / 2 * steps, floats = steps * head_dim;
+    return {block * even / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
+  }
+  // Each piece may start up to a line (16 floats) past where the previous one ended.
+  static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
+    index_t total = 0;
+    for (const index_t n : pair_pieces(steps, head_dim)) total += n + cpu_detail::bf16_pairs::lanes;
+    return total;
   }
   static pair_room carve(float* at, index_t steps, index_t head_dim) {
-    namespace pairs = cpu_detail::bf16_pairs;
-    const index_t block = attention_rows(steps), even = steps + steps % 2;
-    const index_t t = pairs::padded(steps), r = pairs::padded(head_dim);
-    const auto take = [&at](index_t floats) {
-      const auto misplaced = reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float);
-      float* piece = at + (misplaced == 0 ? 0 : pairs::lanes - static_cast<index_t>(misplaced));
-      at = piece + floats;
-      return piece;
-    };
-    const auto words = [&take](index_t n) { return reinterpret_cast<pair_word*>(take(n)); };
-    pair_room room{};
-    room.rows = reinterpret_cast<bf16*>(take(block * even / 2));
-    room.p_pairs = words(block / 2 * steps);
-    room.ds_pairs = words(block / 2 * steps);
-    room.kt = words(head_dim / 2 * t);
-    room.vt = words(head_dim / 2 * t);
-    room.kr = words(even / 2 * r);
-    room.qr = words(even / 2 * r);
-    room.dor = words(even / 2 * r);
-    room.dq = take(steps * head_dim);
-    room.dk = take(steps * head_dim);
-    room.dv = take(steps * head_dim);
-    return room;
+    float* piece[11];
+    const auto sizes = pair_pieces(steps, head_dim);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
+      piece[i] = at + (misplaced == 0 ? 0 : cpu_detail::bf16_pairs::lanes - misplaced);
+      at = piece[i] + sizes[i];
+    }
+    const auto word_at = [](float* x) { return reinterpret_cast<pair_word*>(x); };
+    return {reinterpret_cast<bf16*>(piece[0]), word_at(piece[1]), word_at(piece[2]), word_at(piece[3]),
+            word_at(piece[4]), word_at(piece[5]), word_at(piece[6]), word_at(piece[7]), piece[8], piece[9],
+            piece[10]};
   }
   static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
 
