@@ -102,6 +102,27 @@ std::vector<etude::bf16> narrow(const std::vector<double>& v) {
 // Without dot products (widened) nothing but the output is rounded: the bound drops P's and dS's u.
 // Returns the bf16 output.
 // Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
+// bf16 products widened to float while it lives, as on a CPU without bf16 dot-product
+// instructions: etude's own kernels off, and oneDNN's bf16 matmul where it is linked.
+struct widened_products {
+  const bool own = cpu::own_bf16_products();
+#ifdef ETUDE_WITH_DNNL
+  const bool dnnl = etude::backend::cpu_detail::dnnl_gemm::instance().active(etude::backend::cpu_detail::dnnl_operands::bf16);
+#else
+  const bool dnnl = false;
+#endif
+  widened_products() { set(false, false); }
+  ~widened_products() { set(own, dnnl); }
+  widened_products(const widened_products&) = delete;
+  widened_products& operator=(const widened_products&) = delete;
+  static void set(bool own_on, [[maybe_unused]] bool dnnl_on) {
+    cpu::set_own_bf16_products(own_on);
+#ifdef ETUDE_WITH_DNNL
+    etude::backend::cpu_detail::dnnl_gemm::instance().set_enabled(etude::backend::cpu_detail::dnnl_operands::bf16, dnnl_on);
+#endif
+  }
+};
+
 bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
 
 std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int heads) {
@@ -203,20 +224,15 @@ TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS"
   INFO(cpu::bf16_products());
   const auto shorter = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
   const auto longer = check_bf16_attention(1, 600, 1);  // blocks of 128 rows
-#ifdef ETUDE_WITH_DNNL
   if (attention_dots()) {
     // the widened path, as on a CPU without the instructions, within its tighter bound; the two
     // paths differ (the dot products' rounded probabilities show in the output)
-    using etude::backend::cpu_detail::dnnl_operands;
-    auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
-    dnnl.set_enabled(dnnl_operands::bf16, false);
+    widened_products widened;
     const auto shorter_widened = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
     const auto longer_widened = check_bf16_attention(1, 600, 1);
-    dnnl.set_enabled(dnnl_operands::bf16, true);
     CHECK(!same_bits(shorter, shorter_widened));
     CHECK(!same_bits(longer, longer_widened));
   }
-#endif
 }
 
 namespace {
@@ -343,14 +359,8 @@ std::vector<etude::bf16> check_bf16_cross_attention(index_t steps, index_t posit
 TEST_CASE("bf16 cross-attention stays within the rounding of its probabilities and dS", "[ops]") {
   INFO(cpu::bf16_products());
   const auto att = check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2);
-#ifdef ETUDE_WITH_DNNL
   if (cpu::bf16_dot_products()) {
-    using etude::backend::cpu_detail::dnnl_operands;
-    auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
-    dnnl.set_enabled(dnnl_operands::bf16, false);
-    const auto widened = check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2);
-    dnnl.set_enabled(dnnl_operands::bf16, true);
-    CHECK(!same_bits(att, widened));
+    widened_products widened;
+    CHECK(!same_bits(att, check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2)));
   }
-#endif
 }

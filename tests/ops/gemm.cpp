@@ -4,6 +4,8 @@
 // oneDNN where the program links it.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -120,13 +122,30 @@ void check_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha
   const auto b = stored<T>(random_vector(std::size_t((tb ? n : k) * ldb), 52));
   const auto c0 = stored<TC>(random_vector(std::size_t(m * ldc), 53));
   std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
-  auto run = [&] {
+  auto run = [&](float* workspace) {
     auto c = c0;
-    cpu::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, ws.data());
+    cpu::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, workspace);
     return c;
   };
-  const auto got = run(), again = run();
+  const auto got = run(ws.data()), again = run(ws.data());
   CHECK(std::memcmp(got.data(), again.data(), got.size() * sizeof(TC)) == 0);
+  if (std::is_same_v<T, etude::bf16> && cpu::own_bf16_products()) {
+    // etude's kernels sum each result in an order fixed by k alone: the same bits without a
+    // workspace (another schedule), on one thread, and inside a parallel region
+    CHECK(std::memcmp(got.data(), run(nullptr).data(), got.size() * sizeof(TC)) == 0);
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto alone = run(ws.data());
+    omp_set_num_threads(team);
+    CHECK(std::memcmp(got.data(), alone.data(), got.size() * sizeof(TC)) == 0);
+    std::vector<TC> nested;
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      nested = run(ws.data());
+    }
+    CHECK(std::memcmp(got.data(), nested.data(), got.size() * sizeof(TC)) == 0);
+  }
   std::vector<double> want = widened(c0), magnitude(want.size());
   const auto aw = widened(a), bw = widened(b);
   for (index_t i = 0; i < m; ++i)
@@ -169,14 +188,33 @@ void check_named(const std::string& path) {
 }
 
 TEST_CASE("bf16 products: the path bf16_products() names, within float roundings of the exact sums", "[ops]") {
+  const auto all_shapes = [] {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 1.0, 0.0);
+        check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 0.5, 1.0);
+        check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
+        check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
+      }
+  };
+  INFO(cpu::bf16_products());
+  const bool own = cpu::own_bf16_products();
+  if (own) {
+    CHECK(cpu::bf16_products().find("etude's AVX512_BF16") != std::string::npos);
+    all_shapes();
+    // op(B) larger than the workspace (a weight gradient's shape): both of bf16_pairs::gemm's
+    // schedules, an odd reduction, an empty one
+    check_paths<etude::bf16, float>(true, false, 40, 1600, 1031, 1.0, 1.0);
+    check_paths<etude::bf16, etude::bf16>(false, true, 150, 1600, 1030, 0.5, 0.25);
+    check_paths<etude::bf16, etude::bf16>(false, false, 7, 9, 0, 1.0, 0.5);
+    cpu::set_own_bf16_products(false);
+    CHECK_FALSE(cpu::own_bf16_products());
+    INFO(cpu::bf16_products());
+    CHECK(cpu::bf16_products().find("etude's") == std::string::npos);
+  }
+  // oneDNN where it is linked and native here, else widened
   check_named(cpu::bf16_products());
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 1.0, 0.0);
-      check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 0.5, 1.0);
-      check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
-      check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
-    }
+  all_shapes();
 #ifdef ETUDE_WITH_DNNL
   // the widened path, as on a CPU without the instructions, meets the same bound
   using etude::backend::cpu_detail::dnnl_operands;
@@ -187,6 +225,7 @@ TEST_CASE("bf16 products: the path bf16_products() names, within float roundings
   check_paths<etude::bf16, etude::bf16>(false, true, 64, 33, 129, 1.0, 0.0);
   dnnl.set_enabled(dnnl_operands::bf16, true);
 #endif
+  cpu::set_own_bf16_products(own);
 }
 
 TEST_CASE("float products: the path float_products() names, and OpenBLAS, within float roundings", "[ops]") {
@@ -232,7 +271,7 @@ TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A s
   namespace pairs = etude::backend::cpu_detail::bf16_pairs;
   using etude::bf16;
   if (!pairs::available()) {
-    CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, nullptr, 1, 1, nullptr, 16, 0.0f, nullptr, 1),
+    CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, nullptr, 1, 1, nullptr, 16, 0.0f, static_cast<float*>(nullptr), 1),
                       Catch::Contains("AVX512_BF16"));
     WARN("this CPU has no AVX512_BF16: the pair products are not exercised");
     return;

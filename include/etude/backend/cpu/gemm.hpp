@@ -2,18 +2,23 @@
 // a program that links etude::dnnl, where oneDNN has a brgemm kernel for the CPU (faster than
 // OpenBLAS on every product measured, detail/dnnl_gemm.hpp), else to CBLAS; all-double products to
 // CBLAS (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16
-// operands go to oneDNN's bf16 matmul (the CPU's bf16 dot-product instructions, float
-// accumulation) in a program that links etude::dnnl, on a CPU that has the instructions; any
-// other 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
+// operands go to etude's own kernels on the CPU's bf16 dot-product instructions (AVX512_BF16,
+// float accumulation, detail/bf16_gemm.hpp) where the CPU has them, else to oneDNN's bf16 matmul
+// in a program that links etude::dnnl where oneDNN multiplies natively (AMX, say); any other
+// 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
 // multiplies them as float products. float_products() and bf16_products() name the paths taken.
 // The GELU epilogue is the product followed by gelu_fwd (the CPU declares no fusion).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
+#include "etude/backend/cpu/detail/bf16_gemm.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/core/error.hpp"
@@ -50,17 +55,29 @@ struct cpu_gemm {
 
   // The path products of two bf16 operands take in this program on this CPU, for run records.
   static std::string bf16_products() {
+    if (own_bf16_products())
+      return "etude's AVX512_BF16 kernels (bf16_pairs::gemm), float accumulation";
 #ifdef ETUDE_CPU_GEMM_DNNL
     return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::bf16);
 #else
-    return "fp32 sgemm on widened bf16 (built without oneDNN: link etude::dnnl)";
+    return cpu_detail::bf16_pairs::available()
+               ? "fp32 sgemm on widened bf16 (etude's AVX512_BF16 kernels turned off, and built without oneDNN)"
+               : "fp32 sgemm on widened bf16 (no AVX512_BF16 on this CPU, and built without oneDNN: link etude::dnnl)";
 #endif
   }
+
+  // Whether products of two bf16 operands run on etude's own kernels (bf16_pairs::gemm) in this
+  // process: the CPU has AVX512_BF16, and neither set_own_bf16_products(false) nor the environment
+  // (ETUDE_BF16_GEMM=onednn or widen: for measuring one path against another) said no. They need
+  // no oneDNN; elsewhere bf16 products go to oneDNN where it is linked and native, else widen.
+  static bool own_bf16_products() { return cpu_detail::bf16_pairs::available() && own_enabled().load(); }
+  static void set_own_bf16_products(bool on) { own_enabled().store(on); }
 
   // Whether products of two bf16 operands run on the CPU's bf16 dot-product instructions in this
   // process (then they need no workspace, and may run inside a thread of an OpenMP loop, each on
   // its calling thread alone).
   static bool bf16_dot_products() {
+    if (own_bf16_products()) return true;
 #ifdef ETUDE_CPU_GEMM_DNNL
     return cpu_detail::dnnl_gemm::instance().active(cpu_detail::dnnl_operands::bf16);
 #else
@@ -90,6 +107,14 @@ struct cpu_gemm {
     } else {
       static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TB, double> && !std::is_same_v<TC, double>,
                     "cpu::gemm: double operands cannot be mixed with other dtypes");
+      if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
+        if (own_bf16_products()) {
+          cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
+                                       static_cast<float>(beta), c, ldc, workspace,
+                                       workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float));
+          return;
+        }
+      }
 #ifdef ETUDE_CPU_GEMM_DNNL
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (k > 0 && cpu_detail::dnnl_gemm::instance().run(
@@ -137,6 +162,14 @@ struct cpu_gemm {
   }
 
  private:
+  static std::atomic<bool>& own_enabled() {
+    static std::atomic<bool> on = [] {
+      const char* env = std::getenv("ETUDE_BF16_GEMM");
+      return env == nullptr || (std::strcmp(env, "onednn") != 0 && std::strcmp(env, "widen") != 0);
+    }();
+    return on;
+  }
+
   // Widens a (rows, cols) block of a row-major matrix with leading dimension ld into a dense
   // float tile (row stride cols).
   template <class T>

@@ -58,14 +58,21 @@ inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index
   }
 }
 
-// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its even
-// number of columns): dst word (c/2, r) holds columns c and c+1 of row r; ldd ≥ padded(rows).
+// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
+// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
+// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
 inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  const bf16 zero = bf16::from_bits(0);
   for (index_t c = 0; c < cols; c += 2) {
     word* d = dst + (c / 2) * ldd;
     const bf16* s = src + c;
+    if (c + 1 < cols) {
 #pragma omp simd
-    for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], s[r * ld + 1]);
+      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], s[r * ld + 1]);
+    } else {
+#pragma omp simd
+      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], zero);
+    }
     std::fill(d + rows, d + padded(rows), word(0));
   }
 }
@@ -89,10 +96,40 @@ inline word load_word(const word* p) {
   return w;
 }
 
+// 16 floats rounded to bf16 bits as bf16(float) rounds them: to nearest even, NaN kept and quietened.
+// (The all-lanes masked forms: GCC 12's unmasked shifts and conversions start from an
+// "undefined" register that -Wuninitialized reports in a function with a target attribute.)
+ETUDE_BF16_PAIRS_TARGET inline __m256i round_to_bf16(__m512 x) {
+  constexpr __mmask16 all = 0xFFFF;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i kept = _mm512_maskz_srli_epi32(all, u, 16);
+  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                      _mm512_and_si512(kept, _mm512_set1_epi32(1)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i r = _mm512_mask_or_epi32(_mm512_maskz_srli_epi32(all, up, 16), nan, kept, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(all, r);
+}
+
+// o[0..16) under mask m = alpha·x + beta·o, o float or bf16 (widened, then rounded once).
+ETUDE_BF16_PAIRS_TARGET inline void store(float* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
+  x = _mm512_mul_ps(x, va);
+  if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, o), vb, x);
+  _mm512_mask_storeu_ps(o, m, x);
+}
+ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
+  x = _mm512_mul_ps(x, va);
+  if (beta != 0.0f) {
+    const __m512i old = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, o));
+    x = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(m, old, 16)), vb, x);
+  }
+  _mm256_mask_storeu_epi16(o, m, round_to_bf16(x));
+}
+
 // Rows × (16·V) outputs in registers; `last` masks the final vector's columns.
-template <int Rows, int V>
+template <int Rows, int V, class TC>
 ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a_row, index_t a_pair, const word* b,
-                                         index_t ldb, float alpha, float beta, float* c, index_t ldc,
+                                         index_t ldb, float alpha, float beta, TC* c, index_t ldc,
                                          __mmask16 last) {
   __m512 acc[Rows][V];
 #pragma GCC unroll 8
@@ -114,27 +151,22 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) {
-      float* o = c + r * ldc + v * lanes;
-      const __mmask16 m = v + 1 == V ? last : __mmask16(0xFFFF);
-      __m512 x = _mm512_mul_ps(acc[r][v], va);
-      if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, o), vb, x);
-      _mm512_mask_storeu_ps(o, m, x);
-    }
+    for (int v = 0; v < V; ++v)
+      store(c + r * ldc + v * lanes, v + 1 == V ? last : __mmask16(0xFFFF), acc[r][v], va, beta, vb);
 }
 
 inline constexpr int tile_rows = 6;  // 6 × 4 accumulators, 4 B vectors and a broadcast: 29 of 32 registers
 inline constexpr int tile_vectors = 4;
 
-template <int V>
+template <int V, class TC>
 ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const word* a, index_t a_row,
                                                  index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
-                                                 float* c, index_t ldc, __mmask16 last) {
+                                                 TC* c, index_t ldc, __mmask16 last) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
     tile<tile_rows, V>(pairs, a + i * a_row, a_row, a_pair, b, ldb, alpha, beta, c + i * ldc, ldc, last);
   const word* ai = a + i * a_row;
-  float* ci = c + i * ldc;
+  TC* ci = c + i * ldc;
   switch (m - i) {
     case 5: tile<5, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
     case 4: tile<4, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
@@ -147,11 +179,13 @@ ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const
 
 }  // namespace kernel
 
-// C (m × n floats, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` word pairs, on
-// the calling thread. beta = 0 never reads C. Requires available().
+// C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` word
+// pairs, on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C.
+// Requires available().
+template <class TC>
 ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const word* a,
                                             index_t a_row, index_t a_pair, const word* b, index_t ldb, float beta,
-                                            float* c, index_t ldc) {
+                                            TC* c, index_t ldc) {
   constexpr index_t panel = kernel::tile_vectors * lanes;
   for (index_t j = 0; j < n; j += panel) {
     const index_t cols = std::min(panel, n - j);
@@ -172,8 +206,9 @@ ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs,
 inline bool available() { return false; }
 
 // Callers check available() first; the declaration keeps their code one path on other CPUs.
-inline void product(index_t, index_t, index_t, float, const word*, index_t, index_t, const word*, index_t, float,
-                    float*, index_t) {
+template <class TC>
+void product(index_t, index_t, index_t, float, const word*, index_t, index_t, const word*, index_t, float, TC*,
+             index_t) {
   throw error("cpu bf16_pairs::product: built for a CPU without AVX512_BF16; check available() first");
 }
 
