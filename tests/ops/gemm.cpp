@@ -207,6 +207,20 @@ TEST_CASE("bf16 products: the path bf16_products() names, within float roundings
     check_paths<etude::bf16, float>(true, false, 40, 1600, 1031, 1.0, 1.0);
     check_paths<etude::bf16, etude::bf16>(false, true, 150, 1600, 1030, 0.5, 0.25);
     check_paths<etude::bf16, etude::bf16>(false, false, 7, 9, 0, 1.0, 0.5);
+    {
+      // a room of two panels: op(B) packed in passes, the same bits as packed at once
+      namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+      const index_t m = 200, n = 150, k = 130;
+      const auto a = stored<etude::bf16>(random_vector(std::size_t(m * k), 71));
+      const auto b = stored<etude::bf16>(random_vector(std::size_t(n * k), 72));
+      std::vector<etude::bf16> whole(std::size_t(m * n)), passes(whole.size());
+      std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
+      cpu::gemm(false, true, m, n, k, 1.0, a.data(), k, b.data(), k, 0.0, whole.data(), n, ws.data());
+      std::vector<pairs::word> room(std::size_t(2 * k / 2 * pairs::panel_columns));
+      pairs::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, passes.data(), n, room.data(),
+                  room.size() * sizeof(pairs::word));
+      CHECK(std::memcmp(whole.data(), passes.data(), whole.size() * sizeof(etude::bf16)) == 0);
+    }
     cpu::set_own_bf16_products(false);
     CHECK_FALSE(cpu::own_bf16_products());
     INFO(cpu::bf16_products());

@@ -58,25 +58,6 @@ inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index
   }
 }
 
-// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
-// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
-// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
-inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
-  const bf16 zero = bf16::from_bits(0);
-  for (index_t c = 0; c < cols; c += 2) {
-    word* d = dst + (c / 2) * ldd;
-    const bf16* s = src + c;
-    if (c + 1 < cols) {
-#pragma omp simd
-      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], s[r * ld + 1]);
-    } else {
-#pragma omp simd
-      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], zero);
-    }
-    std::fill(d + rows, d + padded(rows), word(0));
-  }
-}
-
 #ifdef ETUDE_BF16_PAIRS
 
 inline bool available() {
@@ -89,6 +70,20 @@ inline bool available() {
 }
 
 namespace kernel {
+
+// dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: 16 rows per gather.
+ETUDE_BF16_PAIRS_TARGET inline void gather_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
+                                                 index_t pairs) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(static_cast<int>(ld * index_t{sizeof(bf16)})));
+  for (index_t r = 0; r < rows; r += lanes) {
+    const __mmask16 m = rows - r >= lanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (rows - r)) - 1u);
+    const auto* base = reinterpret_cast<const unsigned char*>(src + r * ld);
+    for (index_t q = 0; q < pairs; ++q)
+      _mm512_mask_storeu_epi32(dst + q * ldd + r, m,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, at, base + q * 4, 1));
+  }
+}
 
 inline word load_word(const word* p) {
   word w;
@@ -213,5 +208,34 @@ void product(index_t, index_t, index_t, float, const word*, index_t, index_t, co
 }
 
 #endif
+
+// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
+// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
+// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
+// A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
+// 16 rows at a time by gathers where the CPU has them (the scalar loop below took 10% of a
+// 2048×512×2048 product whose B is a weight multiplied transposed).
+inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  const bf16 zero = bf16::from_bits(0);
+  index_t c = 0;
+#ifdef ETUDE_BF16_PAIRS
+  if (available() && cols >= 2) {
+    kernel::gather_pairs(dst, ldd, src, ld, rows, cols / 2);
+    for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
+  }
+#endif
+  for (; c < cols; c += 2) {
+    word* d = dst + (c / 2) * ldd;
+    const bf16* s = src + c;
+    if (c + 1 < cols) {
+#pragma omp simd
+      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], s[r * ld + 1]);
+    } else {
+#pragma omp simd
+      for (index_t r = 0; r < rows; ++r) d[r] = join(s[r * ld], zero);
+    }
+    std::fill(d + rows, d + padded(rows), word(0));
+  }
+}
 
 }  // namespace etude::backend::cpu_detail::bf16_pairs
