@@ -146,8 +146,8 @@ void check_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha
     }
     CHECK(std::memcmp(got.data(), nested.data(), got.size() * sizeof(TC)) == 0);
   }
-  std::vector<double> want = widened(c0), magnitude(want.size());
-  const auto aw = widened(a), bw = widened(b);
+  const auto aw = widened(a), bw = widened(b), cw = widened(c0);
+  std::vector<double> want = cw, magnitude(want.size());
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
       double sum = 0, abs_sum = 0;
@@ -158,7 +158,7 @@ void check_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha
       }
       const std::size_t at = std::size_t(i * ldc + j);
       want[at] = alpha * sum + beta * want[at];
-      magnitude[at] = std::abs(alpha) * abs_sum + std::abs(beta * widened(c0)[at]);
+      magnitude[at] = std::abs(alpha) * abs_sum + std::abs(beta * cw[at]);
     }
   // float accumulation: k roundings of at most 2^-24 each; a bf16 result one more of 2^-8
   const double rel = std::is_same_v<TC, float> ? double(k + 2) * 0x1p-24 : 0x1p-8 + double(k + 2) * 0x1p-24;
