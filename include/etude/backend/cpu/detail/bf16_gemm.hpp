@@ -30,7 +30,6 @@ namespace etude::backend::cpu_detail::bf16_pairs {
 
 inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 floats
 inline constexpr index_t block_rows = 96;     // rows of A a thread takes at a time: 16 tiles of 6
-inline constexpr index_t tile_rows = kernel::tile_rows;
 // The panel-by-panel schedule streams all of op(A) once per panel: worth it while A stays in cache
 // (small's FFN down-projection weight gradient, A 2 MiB: 0.87 → 1.04× oneDNN), not for a 2048²
 // product (8 MiB), which B packed in passes serves as well (0.93× either way).

@@ -35,6 +35,9 @@ namespace etude::backend::cpu_detail::bf16_pairs {
 using word = std::uint32_t;
 
 inline constexpr index_t lanes = 16;  // floats in a zmm register
+// rows of C a kernel call keeps in registers: 6 × 4 accumulators, 4 B vectors and a broadcast, 29
+// of 32 (here, outside the kernels, for the schedules that split work in whole tiles on any build)
+inline constexpr int tile_rows = 6;
 inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
 
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
@@ -150,7 +153,6 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a
       store(c + r * ldc + v * lanes, v + 1 == V ? last : __mmask16(0xFFFF), acc[r][v], va, beta, vb);
 }
 
-inline constexpr int tile_rows = 6;  // 6 × 4 accumulators, 4 B vectors and a broadcast: 29 of 32 registers
 inline constexpr int tile_vectors = 4;
 
 template <int V, class TC>
