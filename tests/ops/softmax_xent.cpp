@@ -41,3 +41,47 @@ TEST_CASE("softmax cross-entropy: loss and in-place gradient", "[ops]") {
   for (index_t j = 0; j < card; ++j) CHECK(grad[static_cast<std::size_t>(card + j)] == 0.0);  // ignored row
   check_gradient(logits, grad, loss, "dlogits");
 }
+
+// 16-bit and float logits, as the heads store them: the loss within float roundings of the exact
+// one, each gradient the exact w·(softmax − one-hot) within one rounding to the stored type (and
+// float roundings before it), rows of a whole codebook's width in parallel.
+template <class L>
+void check_narrow_logits(double unit_roundoff) {
+  const index_t rows = 37, card = 2048;
+  const auto values = random_vector(std::size_t(rows * card), 11, 4.0);
+  std::vector<L> logits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) logits[i] = L(static_cast<float>(values[i]));
+  std::vector<etude::token_t> target(static_cast<std::size_t>(rows));
+  for (index_t r = 0; r < rows; ++r) target[std::size_t(r)] = r % 5 == 4 ? -1 : static_cast<etude::token_t>((r * 811) % card);
+  const float weight = 0.125f;
+  auto grad = logits;
+  double total = 0.0;
+  cpu::softmax_xent(grad.data(), target.data(), rows, card, &weight, &total);
+  double expected = 0.0, worst = 0.0;
+  for (index_t r = 0; r < rows; ++r) {
+    const auto t = target[std::size_t(r)];
+    const auto x = [&](index_t j) { return static_cast<double>(static_cast<float>(logits[std::size_t(r * card + j)])); };
+    const auto g = [&](index_t j) { return static_cast<double>(static_cast<float>(grad[std::size_t(r * card + j)])); };
+    if (t < 0) {
+      for (index_t j = 0; j < card; ++j) CHECK(g(j) == 0.0);
+      continue;
+    }
+    double mx = x(0), z = 0.0;
+    for (index_t j = 0; j < card; ++j) mx = std::max(mx, x(j));
+    for (index_t j = 0; j < card; ++j) z += std::exp(x(j) - mx);
+    expected += mx + std::log(z) - x(t);
+    for (index_t j = 0; j < card; ++j) {
+      const double want = weight * (std::exp(x(j) - mx) / z - (j == t ? 1.0 : 0.0));
+      // float work (an exponential within 2 ulp, a sum of card terms, a quotient) and one rounding
+      const double bound = unit_roundoff * std::abs(want) + 16 * 0x1p-24 * weight + 1e-30;
+      worst = std::max(worst, std::abs(g(j) - want) / bound);
+    }
+  }
+  CHECK(worst <= 1.0);
+  CHECK(total == Approx(expected).epsilon(double(card) * 0x1p-24));
+}
+
+TEST_CASE("softmax cross-entropy on bf16 and float logits: one rounding from the exact gradient", "[ops]") {
+  check_narrow_logits<etude::bf16>(0x1p-8);
+  check_narrow_logits<float>(0x1p-24);
+}

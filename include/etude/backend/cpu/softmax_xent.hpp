@@ -1,12 +1,14 @@
 // The CPU's softmax cross-entropy over one head (spec: ops/softmax_xent.hpp): rows in parallel,
 // the loss summed in double by OpenMP's reduction over a static schedule (fixed for a thread
-// count), the gradient written in place. 16-bit logits are widened as they are read and take two
-// exponentials per logit (the sum, then the gradient) so that each stored value is rounded once.
+// count), the gradient written in place. 16-bit logits are widened as they are read; their
+// e^(x−max) wait in a float row of the thread's own, so that each takes one exponential and each
+// stored gradient is rounded once.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
@@ -37,36 +39,42 @@ struct cpu_softmax_xent {
       for (index_t j = 0; j < card; ++j) mx = std::max(mx, cpu_detail::cv<F>(row[j]));
       const F target_logit = cpu_detail::cv<F>(row[t]);
       F sum = F(0.0);
-      if constexpr (std::is_same_v<L, F>) {
-        if (w != F(0.0)) {
-          // float logits keep e^(x−max) in place: one exponential per logit, and the gradient
-          // is a product, w·e/sum
+      if (w != F(0.0)) {
+        // e^(x−max) kept (float logits in place), one exponential per logit; the gradient is a
+        // product, w·e/sum, and the one-hot term joins the probability before it is stored
+        F* e = exponentials<L>(row, card);
 #pragma omp simd reduction(+ : sum)
-          for (index_t j = 0; j < card; ++j) {
-            row[j] = cpu_detail::vexp(row[j] - mx);
-            sum += row[j];
-          }
-          total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
-          const F scale = w / sum;
-          const F target_p = row[t] * scale;
-#pragma omp simd
-          for (index_t j = 0; j < card; ++j) row[j] *= scale;
-          row[t] = target_p - w;  // the one-hot term joins the probability before it is stored
-          continue;
+        for (index_t j = 0; j < card; ++j) {
+          e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+          sum += e[j];
         }
+        total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
+        const F scale = w / sum;
+        const F target_gradient = e[t] * scale - w;
+#pragma omp simd
+        for (index_t j = 0; j < card; ++j) row[j] = cpu_detail::cv<L>(e[j] * scale);
+        row[t] = cpu_detail::cv<L>(target_gradient);
+        continue;
       }
 #pragma omp simd reduction(+ : sum)
       for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
-      const F lse = mx + std::log(sum);
-      total += static_cast<double>(lse) - static_cast<double>(target_logit);
-      if (w != F(0.0)) {
-#pragma omp simd
-        for (index_t j = 0; j < card; ++j) row[j] = cpu_detail::cv<L>(w * cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - lse));
-        // the one-hot term joins the probability before rounding, as a fused kernel would
-        row[t] = cpu_detail::cv<L>(w * cpu_detail::vexp(target_logit - lse) - w);
-      }
+      total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
     }
     *loss += total;
+  }
+
+ private:
+  // Where a row's e^(x−max) wait: float logits in place; 16-bit ones in a row of floats the
+  // calling thread keeps (sized by the first step, reused after).
+  template <class L>
+  static cpu_detail::compute_of<L>* exponentials(L* row, index_t card) {
+    if constexpr (std::is_same_v<L, cpu_detail::compute_of<L>>) {
+      return row;
+    } else {
+      thread_local std::vector<float> mine;
+      if (mine.size() < static_cast<std::size_t>(card)) mine.resize(static_cast<std::size_t>(card));
+      return mine.data();
+    }
   }
 };
 
