@@ -7,9 +7,9 @@
 # and the regression inputs committed under tests/fuzz/corpus/<target>; each target runs on its
 # corpus under <build dir>/corpus/<target>, which keeps what it finds between runs. Exits non-zero
 # when any run finds a crash, a sanitizer report, an escaping exception, a timeout or an
-# out-of-memory, and prints the reproducer. Skips (exit 0) when clang++ cannot build with
-# -fsanitize=fuzzer. ETUDE_FUZZ_TARGETS picks targets (default: all four); CXX builds the seed
-# generator (default g++).
+# out-of-memory, and prints the reproducer and the report. Skips (exit 0) when clang++ cannot
+# build with -fsanitize=fuzzer. ETUDE_FUZZ_TARGETS picks targets (default: all four); CXX builds
+# the seed generator (default g++).
 set -euo pipefail
 
 seconds=${1:-10}
@@ -81,5 +81,11 @@ for t in $targets; do
     result="FAILED (exit $rc; reproducer: ${repro:-none written}; log: $log)"
   fi
   echo "fuzz $t: ${execs:-?} executions (${rate:-?}/s) in ${seconds}s, ${cov:-cov: ?}, corpus $before -> $after files: $result"
+  # the report itself, without libFuzzer's and libc's own frames, so that a CI log shows the cause
+  if [[ $rc -ne 0 ]]; then
+    sed -n '/ERROR: /,/^SUMMARY/p' "$log" |
+      grep -v -e ' in fuzzer::' -e 'libc\.so' -e ' in _start' -e ' in __libc_start' -e ' in main ' -e '__sanitizer_print' |
+      head -40 | sed 's/^/    /'
+  fi
 done
 exit $failed

@@ -639,6 +639,28 @@ TEST_CASE("a checkpoint that verifies but cannot be restored gives way to the pr
   CHECK_THAT(m.rejected()[0].reason, Catch::Contains("ckpt-000000002"));
 }
 
+TEST_CASE("a loss scale the precision policy does not use is refused before the trainer changes", "[checkpoint]") {
+  // found by fuzz_checkpoint: the scale was checked after the weights went in
+  etude::test::scratch_dir dir;
+  trainer_t t{hyper()};
+  t.step(batch_for(0));
+  auto snap = etude::io::take_snapshot(t, {});
+  snap.state["loss_scale"]["scale"] = 1.1;  // fp32 never scales: its checkpoints say 1
+  const auto file = dir.path() / "scaled.safetensors";
+  etude::io::write_snapshot(snap, file);
+  const etude::io::checkpoint_file c(file);
+
+  trainer_t other{hyper()};
+  other.step(batch_for(0));
+  other.step(batch_for(1));
+  const trainer_bits before(other);
+  CHECK_THROWS_WITH(etude::io::restore(other, c), Catch::Contains("scaled.safetensors") &&
+                                                     Catch::Contains("loss_scale") &&
+                                                     Catch::Contains("does not scale the loss"));
+  CHECK(trainer_bits(other) == before);
+  CHECK(other.loss_scale() == 1.0);
+}
+
 TEST_CASE("when every checkpoint is unusable the run refuses to start over unless told to", "[checkpoint]") {
   etude::test::scratch_dir dir;
   trainer_t t{hyper()};
