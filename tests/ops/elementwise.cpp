@@ -1,5 +1,5 @@
-// The elementwise ops on the CPU: exact-erf GELU and its backward, and the vectorised exp and
-// erf it uses against libm.
+// The elementwise ops on the CPU: exact-erf GELU and its backward, and the vectorised exp, normal
+// density and normal tail they use, against libm.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -46,16 +46,59 @@ TEST_CASE("vectorised exp is within 2 ulp of libm", "[ops]") {
   CHECK(std::isnan(etude::backend::cpu_detail::exp_cody_waite(std::nanf(""))));
 }
 
-TEST_CASE("vectorised erf is within 3 ulp of libm", "[ops]") {
-  for (float x = -5.0f; x <= 5.0f; x += 0.0001220703125f) {
-    const float ours = etude::backend::cpu_detail::erf_poly(x);
-    const double ref = std::erf(static_cast<double>(x));
-    const double ulp = std::nextafter(static_cast<float>(std::abs(ref)), 2.0f) - static_cast<float>(std::abs(ref));
+TEST_CASE("vectorised normal density and tail are within a few ulp of libm", "[ops]") {
+  namespace d = etude::backend::cpu_detail;
+  const auto ulp = [](double v) {
+    const float f = std::abs(static_cast<float>(v));
+    return static_cast<double>(std::nextafter(f, INFINITY) - f);
+  };
+  double worst_gauss = 0.0, worst_tail = 0.0;
+  for (float x = -13.25f; x <= 13.25f; x += 0x1p-13f) {
+    const double v = x, g = std::exp(-0.5 * v * v), q = 0.5 * std::erfc(std::abs(v) / std::sqrt(2.0));
+    const float ours = d::gauss(x), tail = d::normal_tail(x, ours);
     INFO("x = " << x);
-    REQUIRE(std::abs(ours - ref) <= 3.0 * ulp + 1e-45);
+    if (g >= 0x1p-124) {
+      worst_gauss = std::max(worst_gauss, std::abs(ours - g) / ulp(g));
+      worst_tail = std::max(worst_tail, std::abs(tail - q) / ulp(q));
+    } else {  // below 2^-124: flushed or right, never a wrong magnitude
+      REQUIRE((ours == 0.0f || std::abs(ours - g) <= 1.5 * ulp(g)));
+      REQUIRE((tail == 0.0f || std::abs(tail - q) <= 7.0 * ulp(q)));
+    }
   }
-  CHECK(etude::backend::cpu_detail::erf_poly(0.0f) == 0.0f);
-  CHECK(std::isnan(etude::backend::cpu_detail::erf_poly(std::nanf(""))));
+  INFO("gauss " << worst_gauss << " ulp, tail " << worst_tail << " ulp");
+  CHECK(worst_gauss <= 1.5);
+  CHECK(worst_tail <= 7.0);
+  CHECK(d::gauss(0.0f) == 1.0f);
+  CHECK(d::gauss(INFINITY) == 0.0f);
+  CHECK(d::gauss(-1e30f) == 0.0f);
+  CHECK(d::normal_cdf(0.0f, 1.0f) == 0.5f);
+  CHECK(d::normal_cdf(INFINITY, d::gauss(INFINITY)) == 1.0f);
+  CHECK(d::normal_cdf(-INFINITY, d::gauss(-INFINITY)) == 0.0f);
+}
+
+TEST_CASE("GELU forward is x·Φ(x) within a few roundings, also where Φ is small", "[ops]") {
+  // 0.5·x·(1 + erf(x/√2)) loses Φ's relative accuracy below x = -1 (x = -5: every digit); the
+  // forward takes Φ from the tail instead
+  std::vector<float> x;
+  for (float v = -13.0f; v <= 13.0f; v += 0x1p-10f) x.push_back(v);
+  std::vector<float> y(x.size());
+  cpu::gelu_fwd(y.data(), x.data(), index_t(x.size()));
+  std::vector<etude::bf16> xb(x.size()), yb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = etude::bf16(x[i]);
+  cpu::gelu_fwd(yb.data(), xb.data(), index_t(x.size()));
+  const auto exact = [](double v) { return v * 0.5 * std::erfc(-v / std::sqrt(2.0)); };
+  double worst = 0.0, worst_bf16 = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double want = exact(x[i]);
+    if (std::abs(want) < 0x1p-120) continue;  // x·Φ(x) within reach of the flush to zero
+    worst = std::max(worst, std::abs(y[i] - want) / (std::abs(want) * 0x1p-24));
+    // bf16: one rounding of the float result (half a bf16 ulp, 2^-8 relative at most) plus float work
+    const double want_b = exact(static_cast<float>(xb[i])), got_b = static_cast<float>(yb[i]);
+    worst_bf16 = std::max(worst_bf16, std::abs(got_b - want_b) / (std::abs(want_b) * (0x1p-8 + 16 * 0x1p-24)));
+  }
+  INFO("float: " << worst << " roundings of x·Φ(x); bf16: " << worst_bf16 << " of its bound");
+  CHECK(worst <= 8.0);
+  CHECK(worst_bf16 <= 1.0);
 }
 
 TEST_CASE("GELU backward in float is the exact derivative within a few roundings", "[ops]") {

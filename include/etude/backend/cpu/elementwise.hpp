@@ -1,6 +1,7 @@
 // The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -33,11 +34,15 @@ struct cpu_elementwise {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) {
       const F v = cpu_detail::cv<F>(x[i]);
-      y[i] = cpu_detail::cv<Y>(F(0.5) * v * (F(1.0) + cpu_detail::verf(v * F(0.70710678118654752440))));
+      if constexpr (std::is_same_v<F, float>) {
+        y[i] = cpu_detail::cv<Y>(v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v)));
+      } else {
+        y[i] = cpu_detail::cv<Y>(F(0.5) * v * std::erfc(-v * F(0.70710678118654752440)));
+      }
     }
   }
-  // dx = dy · gelu'(x), in place over dy. In float the density's e^(−x²/2) is the one erf(x/√2)
-  // needs, computed once (a quarter of the backward's time).
+  // dx = dy · gelu'(x), in place over dy. In float the density's e^(−x²/2) is also the factor of
+  // Φ's tail, computed once.
   template <class DY, class X>
   static void gelu_bwd(DY* dy, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
@@ -45,15 +50,14 @@ struct cpu_elementwise {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) {
       const F v = cpu_detail::cv<F>(x[i]);
-      const F s = v * F(0.70710678118654752440);
       F cdf, pdf;
       if constexpr (std::is_same_v<F, float>) {
-        const float gauss = cpu_detail::exp_cody_waite(-(s * s));
-        cdf = 0.5f * (1.0f + cpu_detail::erf_from(s, gauss));
-        pdf = inv_sqrt_2pi * gauss;
+        const float g = cpu_detail::gauss(v);
+        cdf = cpu_detail::normal_cdf(v, g);
+        pdf = inv_sqrt_2pi * g;
       } else {
-        cdf = F(0.5) * (F(1.0) + cpu_detail::verf(s));
-        pdf = inv_sqrt_2pi * cpu_detail::vexp(-F(0.5) * v * v);
+        cdf = F(0.5) * std::erfc(-v * F(0.70710678118654752440));
+        pdf = inv_sqrt_2pi * std::exp(-F(0.5) * v * v);
       }
       dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * (cdf + v * pdf));
     }

@@ -1,7 +1,7 @@
 // Elementwise transcendental functions written so that GCC and Clang vectorise the loops that
 // call them (`#pragma omp simd`): glibc's expf only vectorises under -ffast-math, which etude
-// never asks of its users. Accuracy is within 2 ulp of the correctly rounded result on the
-// ranges the backend uses; tests compare against std:: versions.
+// never asks of its users. Each states its accuracy on the ranges the backend uses; tests compare
+// against std:: versions.
 #pragma once
 
 #include <bit>
@@ -59,49 +59,72 @@ inline float exp_cody_waite(float x) {
   return select(x < -103.9f, 0.0f, select(x > 88.72f, INFINITY, select(x == x, result, x)));
 }
 
-// erf(x) in float, vectorisable, within 3 ulp (tests/ops/elementwise.cpp checks it against libm).
-// |x| < 1: x·(a0 + u·Q(u)) with u = x², Q of degree 5; 1 <= |x| < 4: 1 − e^(−x²)·R(1/|x|) with R
-// of degree 9 (erfc(x)·e^(x²) is smooth in 1/x); |x| >= 4: ±1 (erfc(4) is below half an ulp of 1).
-// Coefficients: weighted least-squares fits for relative error, made for etude (tools: numpy).
-// erf_from takes e^(−x²), which the large branch needs, from its caller: GELU's backward has the
-// same exponential in its density and computes it once for both.
+// The normal distribution's density and tail in float, vectorisable, for GELU's x·Φ(x) and its
+// derivative Φ(x) + x·φ(x): Φ(x) is the tail Q(|x|) = ½·erfc(|x|/√2) for x < 0 and 1 − Q(|x|) for
+// x >= 0, so that it keeps its relative accuracy where it is small (1 + erf(x/√2) loses it).
+//
+// gauss(x) = e^(−x²/2) within 1.5 ulp; 0 once it is below 2^-124 (|x| > 13.11); any finite value
+// for NaN (the callers multiply by x, which carries the NaN). x is split as xh + xl, xh of 12
+// significant bits, so that xh² is exact and the part −xh·xl − xl²/2 joins the reduced argument of
+// the exponential: e^(−x²/2) of x² rounded to float is up to 64 ulp off (at |x| = 11.66).
 #pragma omp declare simd notinbranch
-inline float erf_from(float x, float gauss) {
-  const float a = select(x < 0.0f, -x, x);
-  const float u = a * a;
-  float q = 7.898209878476337e-05f;
-  q = q * u - 0.0008024353883229196f;
-  q = q * u + 0.00519005348905921f;
-  q = q * u - 0.026854809373617172f;
-  q = q * u + 0.11283612251281738f;
-  q = q * u - 0.3761262893676758f;
-  const float small = a * 1.128379225730896f + a * (u * q);
-  const float t = 1.0f / select(a < 1.0f, 1.0f, a);
-  float b = 0.03206583485007286f;
-  b = b * t - 0.18719515204429626f;
-  b = b * t + 0.4562140107154846f;
-  b = b * t - 0.5615038871765137f;
-  b = b * t + 0.25932660698890686f;
-  b = b * t + 0.2187654823064804f;
-  b = b * t - 0.37169361114501953f;
-  b = b * t + 0.019603915512561798f;
-  b = b * t + 0.5618857145309448f;
-  b = b * t + 0.00011466929572634399f;
-  const float large = 1.0f - gauss * b;
-  const float r = select(a < 1.0f, small, select(a >= 4.0f, 1.0f, large));  // NaN falls through to `large`
-  return select(x < 0.0f, -r, r);
+inline float gauss(float x) {
+  const float xh = std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0xfffff000u);
+  const float xl = x - xh;
+  const float h = -0.5f * (xh * xh);  // exact
+  const float l = -(xl * (xh + 0.5f * xl));
+  constexpr float log2e = 1.44269504088896341f;
+  constexpr float ln2_hi = 0.693145751953125f;
+  constexpr float ln2_lo = 1.428606765330187e-06f;
+  constexpr float round_magic = 12582912.0f;  // 1.5·2^23: k's low bits hold n
+  const float hc = select(h > -86.0f, h, -86.0f);  // n >= -125: 2^n·p stays a normal number
+  const float k = hc * log2e + round_magic;
+  const float n = k - round_magic;
+  const float r = ((hc - n * ln2_hi) - n * ln2_lo) + l;  // |r| <= ln2/2 + 0.05
+  float p = 1.0f / 5040.0f;  // Taylor to degree 7: truncation below 0.3 ulp on that range
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float e = std::bit_cast<float>(std::bit_cast<std::uint32_t>(p) + (std::bit_cast<std::uint32_t>(k) << 23));
+  return select(h > -86.0f, e, 0.0f);
 }
+
+// Q(|x|) = ½·erfc(|x|/√2) given g = gauss(x), within 7 ulp (tests/ops/elementwise.cpp checks both
+// against libm). erfc(a)·e^(a²) is smooth in t = 1/(1 + 0.375·a) on the whole of (0, 1]: R(t) of
+// degree 8, a weighted least-squares fit for relative error (0.25 ulp; made for etude with numpy),
+// gives Q = ½·g·t·R(t) with one division and no branch.
 #pragma omp declare simd notinbranch
-inline float erf_poly(float x) { return erf_from(x, exp_cody_waite(-(x * x))); }
+inline float normal_tail(float x, float g) {
+  const float a = select(x < 0.0f, -x, x);
+  const float t = 1.0f / (1.0f + 0.26516504294495535f * a);  // 0.375/√2: a is |x|/√2
+  float r = 6.099576752e-02f;
+  r = r * t - 2.847702930e-01f;
+  r = r * t + 4.272675693e-01f;
+  r = r * t - 2.237160952e-01f;
+  r = r * t + 2.699006455e-01f;
+  r = r * t + 1.230903130e-01f;
+  r = r * t + 2.049178215e-01f;
+  r = r * t + 2.107039129e-01f;
+  r = r * t + 2.116103486e-01f;
+  return 0.5f * g * (t * r);
+}
+
+// Φ(x) from the tail: see above.
+#pragma omp declare simd notinbranch
+inline float normal_cdf(float x, float g) {
+  const float q = normal_tail(x, g);
+  return select(x < 0.0f, q, 1.0f - q);
+}
 
 // The backend's exponential: the vectorisable float kernel above, libm in double (the double
 // instantiation is the gradient-check oracle, where speed does not matter).
 #pragma omp declare simd notinbranch
 inline float vexp(float x) { return exp_cody_waite(x); }
 inline double vexp(double x) { return std::exp(x); }
-#pragma omp declare simd notinbranch
-inline float verf(float x) { return erf_poly(x); }
-inline double verf(double x) { return std::erf(x); }
 
 // The largest of x[0..n), n ≥ 1, kept in 16 independent lanes. GCC 12 leaves a loop under
 // `omp simd reduction(max: m)` scalar, a chain of dependent maxima at 2-3 cycles an element: 20% of
