@@ -710,7 +710,7 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
       if (!(scale > 0.0) || !std::isfinite(scale) || s.good_steps < 0 || s.skipped_steps < 0)
         throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() + " is not a finite scale > 0 with counts >= 0");
       // checked here, not by set_loss_scale after the weights went in: a refusal changes nothing
-      if (!Trainer::policy::loss_scaled && scale != 1.0)
+      if (!Trainer::config::precision::loss_scaled && scale != 1.0)
         throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() +
                                " is not 1, but this precision policy does not scale the loss");
       s.loss_scale = scale;
