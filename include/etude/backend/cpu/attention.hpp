@@ -42,11 +42,14 @@ struct cpu_attention {
   static constexpr index_t max_attention_rows = 128;
   static constexpr index_t attention_rows(index_t steps) { return steps > 512 ? max_attention_rows : 64; }
 
+  // Score rows hold whole vectors of 16 (the row loops never take a scalar remainder).
+  static constexpr index_t score_stride(index_t keys) { return cpu_detail::bf16_pairs::padded(keys); }
+
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
   // or for the dot path's paired operands (pair_room), whichever is larger.
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
-    return 2 * attention_rows(steps) * steps +
+    return 2 * attention_rows(steps) * score_stride(steps) +
            (staged ? std::max(7 * steps * head_dim, pair_room_floats(steps, head_dim)) : 0);
   }
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
@@ -96,7 +99,7 @@ struct cpu_attention {
       } else if (dot16) {
         if constexpr (std::is_same_v<A, bf16>) attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
       } else {
-        F* qf = p + 2 * attention_rows(steps) * steps;
+        F* qf = p + 2 * attention_rows(steps) * score_stride(steps);
         F* kf = qf + steps * head_dim;
         F* vf = kf + steps * head_dim;
         F* of = vf + steps * head_dim;
@@ -136,7 +139,7 @@ struct cpu_attention {
           attention_bwd_head_bf16(p, q, ld, dout, d, dq, ld, l, heads, steps, head_dim, d);
       } else {
         const index_t n = steps * head_dim;
-        F* qf = p + 2 * attention_rows(steps) * steps;
+        F* qf = p + 2 * attention_rows(steps) * score_stride(steps);
         F *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
         cpu_detail::widen_head(qf, q, ld, steps, head_dim);
         cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
@@ -161,23 +164,26 @@ struct cpu_attention {
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
     F inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
-      // scores (rows, i1) against keys 0 .. i1-1, row stride i1
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
+      // scores (rows, i1) against keys 0 .. i1-1, row stride lds
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
       for (index_t i = i0; i < i1; ++i) {
-        F* row = p + (i - i0) * i1;
-        const F mx = cpu_detail::row_max(row, i + 1);
+        F* row = p + (i - i0) * lds;
+        // whole vectors (see softmax_row): the masked keys up to there take −inf, e^−inf = 0
+        const index_t whole = score_stride(i + 1);
+        for (index_t j = i + 1; j < whole; ++j) row[j] = -F(INFINITY);
+        const F mx = cpu_detail::row_max(row, whole);
         F sum = F(0.0);
 #pragma omp simd reduction(+ : sum)
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = 0; j < whole; ++j) {
           row[j] = cpu_detail::vexp(row[j] - mx);
           sum += row[j];
         }
         inv[i - i0] = F(1.0) / sum;
-        for (index_t j = i + 1; j < i1; ++j) row[j] = F(0.0);
+        for (index_t j = whole; j < i1; ++j) row[j] = F(0.0);
         lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
       }
-      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, F(1.0), p, i1, v, ld, F(0.0), out + i0 * ldo, ldo);
+      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, F(1.0), p, lds, v, ld, F(0.0), out + i0 * ldo, ldo);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
         const F s = inv[r];
@@ -193,40 +199,43 @@ struct cpu_attention {
                                  index_t head_dim) {
     const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
-    F* dp = p + block * steps;
+    F* dp = p + block * score_stride(steps);
     for (index_t blk = 0; blk < blocks; ++blk) {
-      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0;
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, i1);
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, i1);
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
+      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, lds);
       for (index_t i = i0; i < i1; ++i) {
-        F* pr = p + (i - i0) * i1;
-        F* dr = dp + (i - i0) * i1;
+        F* pr = p + (i - i0) * lds;
+        F* dr = dp + (i - i0) * lds;
         const F l = static_cast<F>(lse[i * lse_ld]);
+        // whole vectors, as in the forward: the masked keys up to there give P = 0 and dS = 0
+        const index_t whole = score_stride(i + 1);
+        for (index_t j = i + 1; j < whole; ++j) pr[j] = -F(INFINITY), dr[j] = F(0.0);
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+        for (index_t j = 0; j < whole; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
         F dot = F(0.0);
 #pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (index_t j = 0; j < whole; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        for (index_t j = i + 1; j < i1; ++j) pr[j] = dr[j] = F(0.0);
+        for (index_t j = 0; j < whole; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        for (index_t j = i + 1; j < i1; ++j) pr[j] = dr[j] = F(0.0);  // +0 where P·(dP − dot) gave -0
       }
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block
       if (i0 > 0) {
-        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, F(1.0), p, i1, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
-        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, scale, dp, i1, q + i0 * ld, ld, F(1.0), dk, ldd);
+        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, F(1.0), p, lds, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
+        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, scale, dp, lds, q + i0 * ld, ld, F(1.0), dk, ldd);
       }
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, i1, dout + i0 * ldo, ldo, F(0.0),
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, lds, dout + i0 * ldo, ldo, F(0.0),
                          dv + i0 * ldd, ldd);
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, i1, q + i0 * ld, ld, F(0.0),
+      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, lds, q + i0 * ld, ld, F(0.0),
                          dk + i0 * ldd, ldd);
-      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, i1, k, ld, F(0.0), dq + i0 * ldd, ldd);
+      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, F(0.0), dq + i0 * ldd, ldd);
     }
   }
 
-  // The dot path's room in a slot, past the float scores and dP (2·block·steps): P or dS in bf16
-  // rows (block × even steps), P and dS with rows paired (block/2 × steps words each), K and V
+  // The dot path's room in a slot, past the float scores and dP (2·block·score_stride(steps)): P
+  // or dS in bf16 rows (block × score_stride(steps)), P and dS with rows paired (block/2 × steps words each), K and V
   // paired along the head dimension (head_dim/2 × padded steps words each), K, Q and dO (V in the
   // forward) with rows paired (steps/2 × padded head_dim words each), and dQ, dK, dV in float
   // (the forward's output block uses dQ's). Each piece starts on a 64-byte line.
@@ -242,7 +251,7 @@ struct cpu_attention {
     const index_t block = attention_rows(steps), even = steps + steps % 2;
     const index_t across = head_dim / 2 * pairs::padded(steps), along = even / 2 * pairs::padded(head_dim);
     const index_t paired = block / 2 * steps, floats = steps * head_dim;
-    return {block * even / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
+    return {block * score_stride(steps) / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
   }
   // Each piece may start up to a line (16 floats) past where the previous one ended.
   static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
@@ -266,18 +275,23 @@ struct cpu_attention {
   static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
 
   // One score row of `keys` valid entries: exponentials (in place, in float), rounded to bf16 in
-  // rb, which is zero from `keys` to `width`; returns the log-sum-exp, and 1/sum in inv.
+  // rb, which is zero from `keys` to `width`; returns the log-sum-exp, and 1/sum in inv. row and
+  // rb hold score_stride(keys) entries at least: the keys past the last valid one up to there
+  // take −inf, e^−inf = 0, so that every loop runs on whole vectors (their scalar remainders, an
+  // exponential at a time, took about half of tiny's attention forward).
   static float softmax_row(float* __restrict row, bf16* __restrict rb, index_t keys, index_t width, float& inv) {
-    const float mx = cpu_detail::row_max(row, keys);
+    const index_t whole = score_stride(keys);
+    for (index_t j = keys; j < whole; ++j) row[j] = -INFINITY;
+    const float mx = cpu_detail::row_max(row, whole);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (index_t j = 0; j < keys; ++j) {
+    for (index_t j = 0; j < whole; ++j) {
       row[j] = cpu_detail::vexp(row[j] - mx);
       sum += row[j];
     }
 #pragma omp simd
-    for (index_t j = 0; j < keys; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
-    for (index_t j = keys; j < width; ++j) rb[j] = bf16::from_bits(0);
+    for (index_t j = 0; j < whole; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
+    for (index_t j = whole; j < width; ++j) rb[j] = bf16::from_bits(0);
     inv = 1.0f / sum;
     return mx + std::log(sum);
   }
@@ -294,7 +308,7 @@ struct cpu_attention {
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
     const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
-    const pair_room room = carve(p + 2 * block * steps, steps, head_dim);
+    const pair_room room = carve(p + 2 * block * score_stride(steps), steps, head_dim);
     pair_word *kt = room.kt, *vr = room.kr;
     pairs::pack_columns(kt, ldt, k, ld, steps, head_dim);
     pairs::pack_rows(vr, ldr, v, ld, steps, head_dim);
@@ -302,10 +316,12 @@ struct cpu_attention {
     float inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, w = i1 + i1 % 2;
-      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, kt, ldt, 0.0f, p, i1);
+      const index_t lds = score_stride(i1);
+      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, kt, ldt, 0.0f, p, lds);
       for (index_t r = 0; r < rows; ++r)
-        lse[(i0 + r) * lse_ld] = static_cast<St>(softmax_row(p + r * i1, room.rows + r * w, i0 + r + 1, w, inv[r]));
-      pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), w / 2, 1, vr, ldr, 0.0f, of, head_dim);
+        lse[(i0 + r) * lse_ld] =
+            static_cast<St>(softmax_row(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
+      pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), lds / 2, 1, vr, ldr, 0.0f, of, head_dim);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
         const float* f = of + r * head_dim;
@@ -329,8 +345,8 @@ struct cpu_attention {
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
     const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
-    float* dp = p + block * steps;
-    const pair_room room = carve(p + 2 * block * steps, steps, head_dim);
+    float* dp = p + block * score_stride(steps);
+    const pair_room room = carve(p + 2 * block * score_stride(steps), steps, head_dim);
     pairs::pack_columns(room.kt, ldt, k, ld, steps, head_dim);
     pairs::pack_columns(room.vt, ldt, v, ld, steps, head_dim);
     pairs::pack_rows(room.kr, ldr, k, ld, steps, head_dim);
@@ -338,32 +354,36 @@ struct cpu_attention {
     pairs::pack_rows(room.dor, ldr, dout, ldo, steps, head_dim);
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, w = i1 + i1 % 2;
-      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, i1);
-      pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, i1);
+      const index_t lds = score_stride(i1);
+      pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, lds);
+      pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, lds);
       for (index_t i = i0; i < i1; ++i) {
-        float* pr = p + (i - i0) * i1;
-        float* dr = dp + (i - i0) * i1;
-        bf16* srb = room.rows + (i - i0) * w;
+        float* pr = p + (i - i0) * lds;
+        float* dr = dp + (i - i0) * lds;
+        bf16* srb = room.rows + (i - i0) * lds;
         const float l = static_cast<float>(lse[i * lse_ld]);
+        // whole vectors, as in softmax_row: the masked keys up to there give P = 0 and dS = 0
+        const index_t whole = score_stride(i + 1);
+        for (index_t j = i + 1; j < whole; ++j) pr[j] = -INFINITY, dr[j] = 0.0f;
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
+        for (index_t j = 0; j < whole; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (index_t j = 0; j < whole; ++j) dot += pr[j] * dr[j];
 #pragma omp simd
-        for (index_t j = 0; j <= i; ++j) srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
-        for (index_t j = i + 1; j < i1; ++j) pr[j] = 0.0f;
-        for (index_t j = i + 1; j < w; ++j) srb[j] = bf16::from_bits(0);
+        for (index_t j = 0; j < whole; ++j) srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
+        for (index_t j = whole; j < i1; ++j) pr[j] = 0.0f;
+        for (index_t j = i + 1; j < w; ++j) srb[j] = bf16::from_bits(0);  // +0 where P·(dP − dot) gave -0
       }
       // the block's rows paired: P from its floats, dS from its bf16 rows; an odd last row pairs with zeros
       for (index_t r = 0; r < rows; r += 2) {
-        const float* p0 = p + r * i1;
-        const bf16* s0 = room.rows + r * w;
+        const float* p0 = p + r * lds;
+        const bf16* s0 = room.rows + r * lds;
         pair_word* pp = room.p_pairs + r / 2 * i1;
         pair_word* sp = room.ds_pairs + r / 2 * i1;
         if (r + 1 < rows) {
-          const float* p1 = p0 + i1;
-          const bf16* s1 = s0 + w;
+          const float* p1 = p0 + lds;
+          const bf16* s1 = s0 + lds;
 #pragma omp simd
           for (index_t j = 0; j < i1; ++j) {
             pp[j] = pairs::join(cpu_detail::cv<bf16>(p0[j]), cpu_detail::cv<bf16>(p1[j]));
@@ -389,7 +409,7 @@ struct cpu_attention {
                           room.dv + i0 * head_dim, head_dim);
       pairs::product(rows, head_dim, row_pairs, scale, room.ds_pairs + i0, 1, i1, qb, ldr, 0.0f,
                           room.dk + i0 * head_dim, head_dim);
-      pairs::product(rows, head_dim, w / 2, scale, words(room.rows), w / 2, 1, room.kr, ldr, 0.0f,
+      pairs::product(rows, head_dim, w / 2, scale, words(room.rows), lds / 2, 1, room.kr, ldr, 0.0f,
                           room.dq + i0 * head_dim, head_dim);
     }
     cpu_detail::narrow_head(dq, ldd, room.dq, steps, head_dim);
