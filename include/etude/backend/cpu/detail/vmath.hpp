@@ -25,25 +25,17 @@ inline float select(bool c, float a, float b) {
   return std::bit_cast<float>((std::bit_cast<std::uint32_t>(a) & m) | (std::bit_cast<std::uint32_t>(b) & ~m));
 }
 
-// e^x by Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and a degree-7 Taylor polynomial
-// (truncation error r^8/8! < 5.2e-9, below half an ulp). 2^n is applied as two factors so that
-// results near overflow and in the subnormal range stay right. 0 below -103.9 (under the least
-// subnormal), +inf above 88.72.
+// The exponentials' reduction x = n ln2 + r: n·ln2_hi is exact for the n they meet; rounding to
+// an integer adds and removes 1.5·2^23 (GCC does not vectorise floorf without -fno-trapping-math),
+// valid for |x·log2e| < 2^22.
+inline constexpr float log2e = 1.44269504088896341f;
+inline constexpr float ln2_hi = 0.693145751953125f;
+inline constexpr float ln2_lo = 1.428606765330187e-06f;  // ln2 - ln2_hi
+inline constexpr float round_magic = 12582912.0f;
+
+// e^r for the reduced |r| <= ln2/2 (+ 0.05): Taylor to degree 7, truncation r^8/8! below 0.3 ulp.
 #pragma omp declare simd notinbranch
-inline float exp_cody_waite(float x) {
-  constexpr float log2e = 1.44269504088896341f;
-  constexpr float ln2_hi = 0.693145751953125f;     // exactly representable: n * ln2_hi is exact
-  constexpr float ln2_lo = 1.428606765330187e-06f;  // ln2 - ln2_hi
-  // clamp with selects, not fminf/fmaxf: those do not vectorise, and they would turn NaN into a
-  // number where a NaN must reach the loss check
-  float xc = select(x < -103.9f, -103.9f, x);
-  xc = select(xc > 88.72f, 88.72f, xc);
-  xc = select(xc == xc, xc, 0.0f);  // NaN: keep the integer conversion below defined; NaN is returned
-  // round to nearest by adding and removing 1.5·2^23 (GCC does not vectorise floorf without
-  // -fno-trapping-math); valid for |x·log2e| < 2^22
-  constexpr float round_magic = 12582912.0f;
-  const float n = (xc * log2e + round_magic) - round_magic;
-  const float r = (xc - n * ln2_hi) - n * ln2_lo;
+inline float exp_taylor7(float r) {
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
@@ -51,7 +43,21 @@ inline float exp_cody_waite(float x) {
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+
+// e^x by Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and exp_taylor7. 2^n is applied as two
+// factors so that results near overflow and in the subnormal range stay right. 0 below -103.9
+// (under the least subnormal), +inf above 88.72.
+#pragma omp declare simd notinbranch
+inline float exp_cody_waite(float x) {
+  // clamp with selects, not fminf/fmaxf: those do not vectorise, and they would turn NaN into a
+  // number where a NaN must reach the loss check
+  float xc = select(x < -103.9f, -103.9f, x);
+  xc = select(xc > 88.72f, 88.72f, xc);
+  xc = select(xc == xc, xc, 0.0f);  // NaN: keep the integer conversion below defined; NaN is returned
+  const float n = (xc * log2e + round_magic) - round_magic;
+  const float p = exp_taylor7((xc - n * ln2_hi) - n * ln2_lo);
   const auto ni = static_cast<std::int32_t>(n);
   const std::int32_t half = ni >> 1;  // n = half + (n - half), both within [-75, 64]
   const float s1 = std::bit_cast<float>(static_cast<std::uint32_t>(half + 127) << 23);
@@ -74,22 +80,10 @@ inline float gauss(float x) {
   const float xl = x - xh;
   const float h = -0.5f * (xh * xh);  // exact
   const float l = -(xl * (xh + 0.5f * xl));
-  constexpr float log2e = 1.44269504088896341f;
-  constexpr float ln2_hi = 0.693145751953125f;
-  constexpr float ln2_lo = 1.428606765330187e-06f;
-  constexpr float round_magic = 12582912.0f;  // 1.5·2^23: k's low bits hold n
   const float hc = select(h > -86.0f, h, -86.0f);  // n >= -125: 2^n·p stays a normal number
-  const float k = hc * log2e + round_magic;
+  const float k = hc * log2e + round_magic;         // k's low bits hold n
   const float n = k - round_magic;
-  const float r = ((hc - n * ln2_hi) - n * ln2_lo) + l;  // |r| <= ln2/2 + 0.05
-  float p = 1.0f / 5040.0f;  // Taylor to degree 7: truncation below 0.3 ulp on that range
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float p = exp_taylor7(((hc - n * ln2_hi) - n * ln2_lo) + l);  // |r| <= ln2/2 + 0.05
   const float e = std::bit_cast<float>(std::bit_cast<std::uint32_t>(p) + (std::bit_cast<std::uint32_t>(k) << 23));
   return select(h > -86.0f, e, 0.0f);
 }
