@@ -15,6 +15,7 @@
 // Not for: the dtypes themselves (core/dtype.hpp) or the scaler's arithmetic (train/).
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <type_traits>
 
@@ -126,6 +127,17 @@ template <class P>
 std::string name_of() {
   if constexpr (requires { P::name; }) return P::name;
   else return "custom (" + P::describe() + ")";
+}
+
+// Why a loss scaler's state cannot be used under policy P, or "" when it can: the scale must be
+// finite and > 0 with good_steps >= 0, and a policy without loss scaling runs at scale 1. One
+// rule for trainer::set_loss_scale and for a checkpoint's restore, which asks before it writes.
+template <class P>
+std::string loss_scale_refusal(double scale, long good_steps) {
+  if (!(scale > 0.0) || !std::isfinite(scale) || good_steps < 0)
+    return "the scale must be finite and > 0 and good_steps >= 0";
+  if (!P::loss_scaled && scale != 1.0) return "this precision policy does not scale the loss (scale 1)";
+  return {};
 }
 
 }  // namespace etude::precision

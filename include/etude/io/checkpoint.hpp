@@ -60,6 +60,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "etude/config/precision.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/detail/posix_file.hpp"
@@ -707,12 +708,10 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
       const double scale = ls.value("scale", 1.0);
       s.good_steps = ls.value("good_steps", 0L);
       s.skipped_steps = ls.value("skipped_steps", 0L);
-      if (!(scale > 0.0) || !std::isfinite(scale) || s.good_steps < 0 || s.skipped_steps < 0)
-        throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() + " is not a finite scale > 0 with counts >= 0");
-      // checked here, not by set_loss_scale after the weights went in: a refusal changes nothing
-      if (!Trainer::config::precision::loss_scaled && scale != 1.0)
-        throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() +
-                               " is not 1, but this precision policy does not scale the loss");
+      // set_loss_scale's rule, asked here, before anything is written: a refusal changes nothing
+      std::string why = precision::loss_scale_refusal<typename Trainer::config::precision>(scale, s.good_steps);
+      if (why.empty() && s.skipped_steps < 0) why = "skipped_steps must be >= 0";
+      if (!why.empty()) throw checkpoint_error(where + ": etude.state: loss_scale " + ls.dump() + ": " + why);
       s.loss_scale = scale;
     }
     s.state.data = st.value("data", json(nullptr));

@@ -576,10 +576,8 @@ std::span<const typename trainer<Config, Backend>::param_type> trainer<Config, B
 
 template <class Config, class Backend>
 void trainer<Config, Backend>::set_loss_scale(double scale, long good_steps, long skipped) {
-  if (!(scale > 0.0) || !std::isfinite(scale) || good_steps < 0)
-    throw invalid_argument("trainer::set_loss_scale: the scale must be finite and > 0 and good_steps >= 0");
-  if (!policy::loss_scaled && scale != 1.0)
-    throw invalid_argument("trainer::set_loss_scale: this precision policy does not scale the loss (scale 1)");
+  if (const std::string why = precision::loss_scale_refusal<policy>(scale, good_steps); !why.empty())
+    throw invalid_argument("trainer::set_loss_scale: " + why);
   scaler_.scale = scale;
   scaler_.good_steps = good_steps;
   if (skipped >= 0) scaler_.skipped = skipped;
