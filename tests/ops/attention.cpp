@@ -364,3 +364,97 @@ TEST_CASE("bf16 cross-attention stays within the rounding of its probabilities a
     CHECK(!same_bits(att, check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2)));
   }
 }
+
+#ifdef ETUDE_BF16_PAIRS
+namespace {
+// The score rows' exponential on 16 copies of x (the test programs are built for any x86-64).
+__attribute__((target("avx512f"))) float exp16(float x) {
+  float out[16];
+  _mm512_storeu_ps(out, etude::backend::cpu_detail::score_rows::kernel::exp16(_mm512_set1_ps(x)));
+  return out[0];
+}
+}  // namespace
+#endif
+
+// The score rows' loops (AVX-512 kernels where the CPU has them, the portable loops elsewhere):
+// the exponential against libm, and a forward and backward row of every length against double,
+// with exact +0 past the last key.
+TEST_CASE("attention's score rows are within a few roundings of double, zero past their keys", "[ops]") {
+  namespace rows = etude::backend::cpu_detail::score_rows;
+  using etude::bf16;
+#ifdef ETUDE_BF16_PAIRS
+  if (rows::available()) {
+    for (float x = -87.0f; x <= 88.0f; x += 0.001953125f) {
+      const double ref = std::exp(static_cast<double>(x));
+      INFO("x = " << x);
+      REQUIRE(std::abs(exp16(x) - ref) <= 2.5 * std::abs(ref) * 5.96e-8);
+    }
+    CHECK(exp16(-INFINITY) == 0.0f);
+    CHECK(exp16(-110.0f) == 0.0f);
+    CHECK(exp16(-95.0f) == Approx(std::exp(-95.0)).epsilon(1e-3));  // subnormal results keep their magnitude
+    CHECK(std::isinf(exp16(88.8f)));
+    CHECK(std::isinf(exp16(INFINITY)));
+    CHECK(exp16(0.0f) == 1.0f);
+    CHECK(std::isnan(exp16(std::nanf(""))));
+  }
+#endif
+  const auto bits_zero = [](float x) { return std::signbit(x) == false && x == 0.0f; };
+  for (const index_t keys : {1, 2, 15, 16, 17, 31, 64, 100, 257}) {
+    INFO("keys = " << keys);
+    const index_t width = rows::padded(keys) + 18, room = width + 16;
+    auto s = random_vector(keys, 11 + keys, 6.0), g = random_vector(keys, 12 + keys, 2.0);
+    for (double& v : s) v = static_cast<float>(v);  // the values the float rows hold
+    for (double& v : g) v = static_cast<float>(v);
+    // double: the probabilities, the log-sum-exp, dS = P·(dP − Σ P·dP)
+    double mx = s[0], sum = 0.0, dot = 0.0;
+    for (const double v : s) mx = std::max(mx, v);
+    for (const double v : s) sum += std::exp(v - mx);
+    const double lse = mx + std::log(sum);
+    for (index_t j = 0; j < keys; ++j) dot += std::exp(s[j] - lse) * g[j];
+    // forward in float, unnormalised in place, and rounded to bf16 with the row as scratch
+    std::vector<float> row(room, 7.0f), row2(room, 7.0f);
+    std::vector<bf16> rb(room, bf16(7.0f));
+    for (index_t j = 0; j < keys; ++j) row[j] = row2[j] = static_cast<float>(s[j]);
+    float inv = 0.0f, inv2 = 0.0f;
+    const float l1 = rows::softmax(row.data(), static_cast<bf16*>(nullptr), keys, width, inv);
+    const float l2 = rows::softmax(row2.data(), rb.data(), keys, width, inv2);
+    CHECK(std::abs(l1 - lse) <= 4e-7 * std::max(1.0, std::abs(lse)));
+    CHECK(l2 == l1);
+    CHECK(inv == Approx(1.0 / sum).epsilon(4e-7));
+    CHECK(inv2 == inv);
+    for (index_t j = 0; j < keys; ++j) {
+      // the exponential's 2 roundings, and the argument s − max rounded to float
+      const double e = std::exp(s[j] - mx);
+      REQUIRE(std::abs(row[j] - e) <= (3.0 + std::abs(s[j] - mx)) * 5.96e-8 * e + 1e-38);
+      REQUIRE(static_cast<float>(rb[j]) == static_cast<float>(bf16(row[j])));
+    }
+    for (index_t j = keys; j < width; ++j) {
+      REQUIRE(bits_zero(row[j]));
+      REQUIRE(rb[j].bits == 0);
+    }
+    CHECK(row[std::max(width, rows::padded(keys))] == 7.0f);  // nothing written past the row
+    // backward: dS in float in place over dP, and rounded to bf16
+    std::vector<float> pr(room, 7.0f), dp(room, 7.0f), pr2(room, 7.0f), dp2(room, 7.0f);
+    std::vector<bf16> ds(room, bf16(7.0f));
+    for (index_t j = 0; j < keys; ++j) {
+      pr[j] = pr2[j] = static_cast<float>(s[j]);
+      dp[j] = dp2[j] = static_cast<float>(g[j]);
+    }
+    rows::backward(pr.data(), dp.data(), dp.data(), keys, width, static_cast<float>(lse));
+    rows::backward(pr2.data(), dp2.data(), ds.data(), keys, width, static_cast<float>(lse));
+    double scale = 0.0;
+    for (index_t j = 0; j < keys; ++j) scale += std::exp(s[j] - lse) * std::abs(g[j]);
+    for (index_t j = 0; j < keys; ++j) {
+      const double p = std::exp(s[j] - lse), want = p * (g[j] - dot);
+      REQUIRE(std::abs(pr[j] - p) <= (3.0 + 2.0 * std::abs(s[j] - lse)) * 5.96e-8 * p + 1e-38);
+      REQUIRE(std::abs(dp[j] - want) <= 16.0 * 5.96e-8 * (p * (std::abs(g[j]) + scale)) + 1e-38);
+      REQUIRE(pr2[j] == pr[j]);
+      REQUIRE(static_cast<float>(ds[j]) == static_cast<float>(bf16(dp[j])));
+    }
+    for (index_t j = keys; j < width; ++j) {
+      REQUIRE(bits_zero(pr[j]));
+      REQUIRE(bits_zero(dp[j]));
+      REQUIRE(ds[j].bits == 0);
+    }
+  }
+}

@@ -8,6 +8,8 @@
 // backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on oneDNN's dot
 // products 48 and 86 with 128 rows, 54 and 101 with 64; bf16 on etude's own kernels 39–44 and
 // 79–94 with 128 rows, 37–39 and 79–83 with 64 (3 interleaved rounds: within the machine's noise).
+// The score rows (the softmax, and the backward's P and dS) run on detail/score_rows.hpp's AVX-512
+// kernels where the CPU has AVX-512F.
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
 // multiplies bf16 on them (bf16_dot_products()) and the CPU has AVX512_BF16: etude's own kernels
 // (detail/bf16_pairs.hpp) on operands paired once per head, scores and dP from q and dO in place,
@@ -26,8 +28,8 @@
 #include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/heads.hpp"
+#include "etude/backend/cpu/detail/score_rows.hpp"
 #include "etude/backend/cpu/gemm.hpp"
-#include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
@@ -167,22 +169,9 @@ struct cpu_attention {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
       // scores (rows, i1) against keys 0 .. i1-1, row stride lds
       cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
-      for (index_t i = i0; i < i1; ++i) {
-        F* row = p + (i - i0) * lds;
-        // whole vectors (see softmax_row): the masked keys up to there take −inf, e^−inf = 0
-        const index_t whole = score_stride(i + 1);
-        for (index_t j = i + 1; j < whole; ++j) row[j] = -F(INFINITY);
-        const F mx = cpu_detail::row_max(row, whole);
-        F sum = F(0.0);
-#pragma omp simd reduction(+ : sum)
-        for (index_t j = 0; j < whole; ++j) {
-          row[j] = cpu_detail::vexp(row[j] - mx);
-          sum += row[j];
-        }
-        inv[i - i0] = F(1.0) / sum;
-        for (index_t j = whole; j < i1; ++j) row[j] = F(0.0);
-        lse[i * lse_ld] = static_cast<St>(mx + std::log(sum));
-      }
+      for (index_t i = i0; i < i1; ++i)
+        lse[i * lse_ld] =
+            static_cast<St>(cpu_detail::score_rows::softmax(p + (i - i0) * lds, nullptr, i + 1, i1, inv[i - i0]));
       cpu_gemm::dense<F>(false, false, rows, head_dim, i1, F(1.0), p, lds, v, ld, F(0.0), out + i0 * ldo, ldo);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
@@ -205,20 +194,8 @@ struct cpu_attention {
       cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
       cpu_gemm::dense<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, lds);
       for (index_t i = i0; i < i1; ++i) {
-        F* pr = p + (i - i0) * lds;
         F* dr = dp + (i - i0) * lds;
-        const F l = static_cast<F>(lse[i * lse_ld]);
-        // whole vectors, as in the forward: the masked keys up to there give P = 0 and dS = 0
-        const index_t whole = score_stride(i + 1);
-        for (index_t j = i + 1; j < whole; ++j) pr[j] = -F(INFINITY), dr[j] = F(0.0);
-#pragma omp simd
-        for (index_t j = 0; j < whole; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
-        F dot = F(0.0);
-#pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j < whole; ++j) dot += pr[j] * dr[j];
-#pragma omp simd
-        for (index_t j = 0; j < whole; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        for (index_t j = i + 1; j < i1; ++j) pr[j] = dr[j] = F(0.0);  // +0 where P·(dP − dot) gave -0
+        cpu_detail::score_rows::backward(p + (i - i0) * lds, dr, dr, i + 1, i1, static_cast<F>(lse[i * lse_ld]));
       }
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block
@@ -274,28 +251,6 @@ struct cpu_attention {
   }
   static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
 
-  // One score row of `keys` valid entries: exponentials (in place, in float), rounded to bf16 in
-  // rb, which is zero from `keys` to `width`; returns the log-sum-exp, and 1/sum in inv. row and
-  // rb hold score_stride(keys) entries at least: the keys past the last valid one up to there
-  // take −inf, e^−inf = 0, so that every loop runs on whole vectors (their scalar remainders, an
-  // exponential at a time, took about half of tiny's attention forward).
-  static float softmax_row(float* __restrict row, bf16* __restrict rb, index_t keys, index_t width, float& inv) {
-    const index_t whole = score_stride(keys);
-    for (index_t j = keys; j < whole; ++j) row[j] = -INFINITY;
-    const float mx = cpu_detail::row_max(row, whole);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (index_t j = 0; j < whole; ++j) {
-      row[j] = cpu_detail::vexp(row[j] - mx);
-      sum += row[j];
-    }
-#pragma omp simd
-    for (index_t j = 0; j < whole; ++j) rb[j] = cpu_detail::cv<bf16>(row[j]);
-    for (index_t j = whole; j < width; ++j) rb[j] = bf16::from_bits(0);
-    inv = 1.0f / sum;
-    return mx + std::log(sum);
-  }
-
   // attention_fwd_head on the CPU's bf16 dot products (bf16_pairs): q, k, v at offsets 0, d, 2d of
   // rows with stride ld. K and V are paired once for the head; each block's scores come from q in
   // place, its probabilities are rounded to bf16 (rows of even length, zero past the last key) to
@@ -320,7 +275,7 @@ struct cpu_attention {
       pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, kt, ldt, 0.0f, p, lds);
       for (index_t r = 0; r < rows; ++r)
         lse[(i0 + r) * lse_ld] =
-            static_cast<St>(softmax_row(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
+            static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
       pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), lds / 2, 1, vr, ldr, 0.0f, of, head_dim);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
@@ -357,24 +312,9 @@ struct cpu_attention {
       const index_t lds = score_stride(i1);
       pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, lds);
       pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, lds);
-      for (index_t i = i0; i < i1; ++i) {
-        float* pr = p + (i - i0) * lds;
-        float* dr = dp + (i - i0) * lds;
-        bf16* srb = room.rows + (i - i0) * lds;
-        const float l = static_cast<float>(lse[i * lse_ld]);
-        // whole vectors, as in softmax_row: the masked keys up to there give P = 0 and dS = 0
-        const index_t whole = score_stride(i + 1);
-        for (index_t j = i + 1; j < whole; ++j) pr[j] = -INFINITY, dr[j] = 0.0f;
-#pragma omp simd
-        for (index_t j = 0; j < whole; ++j) pr[j] = cpu_detail::vexp(pr[j] - l);
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j < whole; ++j) dot += pr[j] * dr[j];
-#pragma omp simd
-        for (index_t j = 0; j < whole; ++j) srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
-        for (index_t j = whole; j < i1; ++j) pr[j] = 0.0f;
-        for (index_t j = i + 1; j < w; ++j) srb[j] = bf16::from_bits(0);  // +0 where P·(dP − dot) gave -0
-      }
+      for (index_t i = i0; i < i1; ++i)
+        cpu_detail::score_rows::backward(p + (i - i0) * lds, dp + (i - i0) * lds, room.rows + (i - i0) * lds, i + 1, w,
+                                         static_cast<float>(lse[i * lse_ld]));
       // the block's rows paired: P from its floats, dS from its bf16 rows; an odd last row pairs with zeros
       for (index_t r = 0; r < rows; r += 2) {
         const float* p0 = p + r * lds;

@@ -94,10 +94,11 @@ inline word load_word(const word* p) {
   return w;
 }
 
-// 16 floats rounded to bf16 bits as bf16(float) rounds them: to nearest even, NaN kept and quietened.
+// 16 floats rounded to bf16 bits as bf16(float) rounds them: to nearest even, NaN kept and quietened
+// (AVX-512F alone: score_rows' kernels round with it too).
 // (The all-lanes masked forms: GCC 12's unmasked shifts and conversions start from an
 // "undefined" register that -Wuninitialized reports in a function with a target attribute.)
-ETUDE_BF16_PAIRS_TARGET inline __m256i round_to_bf16(__m512 x) {
+__attribute__((target("avx512f"))) inline __m256i round_to_bf16(__m512 x) {
   constexpr __mmask16 all = 0xFFFF;
   const __m512i u = _mm512_castps_si512(x);
   const __m512i kept = _mm512_maskz_srli_epi32(all, u, 16);
