@@ -365,12 +365,12 @@ TEST_CASE("bf16 cross-attention stays within the rounding of its probabilities a
   }
 }
 
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_VMATH512
 namespace {
-// The score rows' exponential on 16 copies of x (the test programs are built for any x86-64).
-__attribute__((target("avx512f"))) float exp16(float x) {
+// vmath512's exponential on 16 copies of x (the test programs are built for any x86-64).
+ETUDE_VMATH512_TARGET float exp16(float x) {
   float out[16];
-  _mm512_storeu_ps(out, etude::backend::cpu_detail::score_rows::kernel::exp16(_mm512_set1_ps(x)));
+  _mm512_storeu_ps(out, etude::backend::cpu_detail::vmath512::exp16(_mm512_set1_ps(x)));
   return out[0];
 }
 }  // namespace
@@ -382,8 +382,8 @@ __attribute__((target("avx512f"))) float exp16(float x) {
 TEST_CASE("attention's score rows are within a few roundings of double, zero past their keys", "[ops]") {
   namespace rows = etude::backend::cpu_detail::score_rows;
   using etude::bf16;
-#ifdef ETUDE_BF16_PAIRS
-  if (rows::available()) {
+#ifdef ETUDE_VMATH512
+  if (etude::backend::cpu_detail::vmath512::available()) {
     for (float x = -87.0f; x <= 88.0f; x += 0.001953125f) {
       const double ref = std::exp(static_cast<double>(x));
       INFO("x = " << x);

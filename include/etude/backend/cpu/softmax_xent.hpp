@@ -12,6 +12,7 @@
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
 #include "etude/core/types.hpp"
 
@@ -25,6 +26,9 @@ struct cpu_softmax_xent {
                            double* loss) {
     using F = cpu_detail::compute_of<L>;
     const auto w = static_cast<F>(*weight);
+    // float and bf16 logits' exponentials on AVX-512 kernels where the CPU has them (detail/vmath512.hpp)
+    constexpr bool has_kernel = std::is_same_v<L, float> || std::is_same_v<L, bf16>;
+    const bool fast = has_kernel && cpu_detail::vmath512::available();
     double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (index_t r = 0; r < rows; ++r) {
@@ -43,10 +47,14 @@ struct cpu_softmax_xent {
         // e^(x−max) kept (float logits in place), one exponential per logit; the gradient is a
         // product, w·e/sum, and the one-hot term joins the probability before it is stored
         F* e = exponentials<L>(row, card);
+        if (fast) {
+          if constexpr (has_kernel) sum = cpu_detail::vmath512::exp_sum(row, e, card, mx);
+        } else {
 #pragma omp simd reduction(+ : sum)
-        for (index_t j = 0; j < card; ++j) {
-          e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
-          sum += e[j];
+          for (index_t j = 0; j < card; ++j) {
+            e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+            sum += e[j];
+          }
         }
         total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
         const F scale = w / sum;

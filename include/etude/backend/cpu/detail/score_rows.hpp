@@ -2,10 +2,9 @@
 // their sum, the log-sum-exp) and the backward's row terms (the probabilities again from the
 // forward's log-sum-exp, their dot with dP, and dS = P·(dP − dot)). With a head dimension of 64
 // a score costs as many instructions in its exponential as in its product, so these loops are as
-// long as the products around them; on AVX-512 they run as kernels with an exponential of 14
-// instructions for 16 lanes (vscalefps applies 2^n, underflow, overflow and NaN included), against
-// the 35 the compiler makes of vexp's portable form, and the masked keys past a row's last valid
-// one are lanes of a mask rather than values written first.
+// long as the products around them; on AVX-512 they run as kernels on vmath512's exponential (14
+// instructions for 16 lanes, against the 35 the compiler makes of vexp), and the masked keys past
+// a row's last valid one are lanes of a mask rather than values written first.
 //
 // Every row has `keys` valid entries followed by masked ones up to `width`; rows hold at least
 // max(width, padded(keys)) entries (score_stride in cpu_attention). The results are the portable
@@ -20,6 +19,7 @@
 #include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
@@ -28,64 +28,19 @@ namespace etude::backend::cpu_detail::score_rows {
 inline constexpr index_t lanes = 16;
 inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
 
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_VMATH512
 
-#define ETUDE_SCORE_ROWS_TARGET __attribute__((target("avx512f")))
+#define ETUDE_SCORE_ROWS_TARGET ETUDE_VMATH512_TARGET
 
-inline bool available() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return has;
-}
+inline bool available() { return vmath512::available(); }
 
 namespace kernel {
 
-// e^x on 16 lanes: Cody-Waite reduction x = n ln2 + r and exp_taylor7 as vexp, then p·2^n in one
-// correctly rounded step. x is clamped to [-120, 100] first (NaN passes: vmaxps and vminps return
-// their second operand when either is NaN), where 2^n·p is 0 below e^-103.97 and +inf above 88.73.
-// (The all-lanes masked forms, as in bf16_pairs: GCC 12's unmasked vmaxps, vminps, vscalefps and
-// lane extractions start from an "undefined" register that -Wuninitialized reports.)
-inline constexpr __mmask16 all = 0xFFFF;
-
-ETUDE_SCORE_ROWS_TARGET inline __m512 exp16(__m512 x) {
-  const __m512 xc =
-      _mm512_maskz_min_ps(all, _mm512_set1_ps(100.0f), _mm512_maskz_max_ps(all, _mm512_set1_ps(-120.0f), x));
-  const __m512 magic = _mm512_set1_ps(round_magic);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(log2e), magic), magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(all, p, n);
-}
-
-// The sum and the maximum of 16 lanes, in a fixed order: halves, quarters, pairs, neighbours.
-ETUDE_SCORE_ROWS_TARGET inline float lane_sum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm512_cvtss_f32(v);
-}
-ETUDE_SCORE_ROWS_TARGET inline float lane_max(__m512 v) {
-  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm512_cvtss_f32(v);
-}
-
-ETUDE_SCORE_ROWS_TARGET inline __mmask16 valid(index_t j, index_t keys) {
-  return keys - j >= lanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (keys - j)) - 1u);
-}
+using vmath512::all;
+using vmath512::exp16;
+using vmath512::lane_max;
+using vmath512::lane_sum;
+using vmath512::valid;
 
 // The largest of row[0..keys) (a NaN may be skipped: the exponentials carry it).
 ETUDE_SCORE_ROWS_TARGET inline float row_max(const float* row, index_t keys) {
@@ -150,7 +105,7 @@ inline bool available() { return false; }
 template <class F>
 inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
   const index_t whole = padded(keys);
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_VMATH512
   if constexpr (std::is_same_v<F, float>) {
     if (available()) {
       const float mx = kernel::row_max(row, keys);
@@ -192,7 +147,7 @@ inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
 template <class F, class D>
 inline void backward(F* pr, F* dp, D* ds, index_t keys, index_t width, F lse) {
   const index_t whole = padded(keys);
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_VMATH512
   if constexpr (std::is_same_v<F, float>) {
     if (available()) {
       kernel::backward(pr, dp, ds, keys, lse);

@@ -1,0 +1,116 @@
+// AVX-512F forms of vmath's float kernels, for the loops where an exponential is most of the
+// work (attention's score rows, the heads' softmax cross-entropy): compiled for AVX-512F whatever
+// the program's flags (a target attribute) and taken where available() says the CPU has it, with
+// vmath's portable loops elsewhere. The compiler makes 35 instructions of vexp for 16 lanes
+// (clamps, two factors of 2^n, NaN and range selects); exp16 takes 14, vscalefps applying 2^n
+// with underflow, overflow and NaN in one correctly rounded step.
+// (The all-lanes masked forms below: GCC 12's unmasked vmaxps, vminps, vscalefps and lane
+// extractions start from an "undefined" register that -Wuninitialized reports, as in bf16_pairs.)
+#pragma once
+
+#include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/core/dtype.hpp"
+#include "etude/core/error.hpp"
+#include "etude/core/types.hpp"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#include <immintrin.h>
+#define ETUDE_VMATH512 1
+#define ETUDE_VMATH512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
+
+namespace etude::backend::cpu_detail::vmath512 {
+
+inline constexpr index_t lanes = 16;
+
+#ifdef ETUDE_VMATH512
+
+inline bool available() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return has;
+}
+
+inline constexpr __mmask16 all = 0xFFFF;
+
+// The lanes of the vector at j that lie below n.
+ETUDE_VMATH512_TARGET inline __mmask16 valid(index_t j, index_t n) {
+  return n - j >= lanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1u);
+}
+
+// e^x on 16 lanes: Cody-Waite reduction x = n ln2 + r and exp_taylor7 as vexp, then p·2^n in one
+// correctly rounded step. x is clamped to [-120, 100] first (NaN passes: vmaxps and vminps return
+// their second operand when either is NaN), where 2^n·p is 0 below e^-103.97 and +inf above 88.73.
+// Within 1 ulp of e^x where vexp is (tests/ops/attention.cpp).
+ETUDE_VMATH512_TARGET inline __m512 exp16(__m512 x) {
+  const __m512 xc =
+      _mm512_maskz_min_ps(all, _mm512_set1_ps(100.0f), _mm512_maskz_max_ps(all, _mm512_set1_ps(-120.0f), x));
+  const __m512 magic = _mm512_set1_ps(round_magic);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(log2e), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ln2_lo), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(all, p, n);
+}
+
+// The sum and the maximum of 16 lanes, in a fixed order: halves, quarters, pairs, neighbours.
+ETUDE_VMATH512_TARGET inline float lane_sum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(v);
+}
+ETUDE_VMATH512_TARGET inline float lane_max(__m512 v) {
+  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_shuffle_f32x4(all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm512_maskz_max_ps(all, v, _mm512_maskz_permute_ps(all, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_cvtss_f32(v);
+}
+
+// 16 values from x[j..) on the lanes of m as floats (0 elsewhere): float, or bf16 widened.
+ETUDE_VMATH512_TARGET inline __m512 load(const float* x, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x); }
+ETUDE_VMATH512_TARGET inline __m512 load(const bf16* x, __mmask16 m) {
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, x));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, wide, 16));
+}
+
+// e^(x[j] − shift) into out[j] for j < n (out may be x); returns their sum, added lane by lane in
+// order and then across the lanes (lane_sum).
+template <class T>
+ETUDE_VMATH512_TARGET inline float exp_sum(const T* x, float* out, index_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = valid(j, n);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(load(x + j, m), s)));
+    _mm512_mask_storeu_ps(out + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return lane_sum(sum);
+}
+
+#else
+
+inline bool available() { return false; }
+
+// Callers check available() first; the declaration keeps their code one path on other CPUs.
+template <class T>
+float exp_sum(const T*, float*, index_t, float) {
+  throw error("cpu vmath512::exp_sum: built for a CPU without AVX-512; check available() first");
+}
+
+#endif
+
+}  // namespace etude::backend::cpu_detail::vmath512
