@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -58,6 +59,13 @@ void check_narrow_logits(double unit_roundoff, index_t card) {
   auto grad = logits;
   double total = 0.0;
   cpu::softmax_xent(grad.data(), target.data(), rows, card, &weight, &total);
+  // the loss alone (weight 0, as evaluation asks) is the same bits and leaves the logits
+  auto kept = logits;
+  double loss_alone = 0.0;
+  const float none = 0.0f;
+  cpu::softmax_xent(kept.data(), target.data(), rows, card, &none, &loss_alone);
+  CHECK(loss_alone == total);
+  CHECK(std::memcmp(kept.data(), logits.data(), logits.size() * sizeof(L)) == 0);
   double expected = 0.0, worst = 0.0;
   for (index_t r = 0; r < rows; ++r) {
     const auto t = target[std::size_t(r)];

@@ -26,9 +26,7 @@ struct cpu_softmax_xent {
                            double* loss) {
     using F = cpu_detail::compute_of<L>;
     const auto w = static_cast<F>(*weight);
-    // float and bf16 logits' exponentials on AVX-512 kernels where the CPU has them (detail/vmath512.hpp)
-    constexpr bool has_kernel = std::is_same_v<L, float> || std::is_same_v<L, bf16>;
-    const bool fast = has_kernel && cpu_detail::vmath512::available();
+    const bool fast = kernels<L> && cpu_detail::vmath512::available();
     double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (index_t r = 0; r < rows; ++r) {
@@ -47,15 +45,7 @@ struct cpu_softmax_xent {
         // e^(x−max) kept (float logits in place), one exponential per logit; the gradient is a
         // product, w·e/sum, and the one-hot term joins the probability before it is stored
         F* e = exponentials<L>(row, card);
-        if (fast) {
-          if constexpr (has_kernel) sum = cpu_detail::vmath512::exp_sum(row, e, card, mx);
-        } else {
-#pragma omp simd reduction(+ : sum)
-          for (index_t j = 0; j < card; ++j) {
-            e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
-            sum += e[j];
-          }
-        }
+        sum = exp_sum(row, e, card, mx, fast);
         total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
         const F scale = w / sum;
         const F target_gradient = e[t] * scale - w;
@@ -64,14 +54,39 @@ struct cpu_softmax_xent {
         row[t] = cpu_detail::cv<L>(target_gradient);
         continue;
       }
-#pragma omp simd reduction(+ : sum)
-      for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+      // the loss alone, the same bits as the training pass's (evaluation equals training's loss)
+      sum = exp_sum(row, static_cast<F*>(nullptr), card, mx, fast);
       total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
     }
     *loss += total;
   }
 
  private:
+  // The exponentials run on vmath512's AVX-512 kernel for float and bf16 logits where the CPU has
+  // AVX-512 (`fast`), as a portable loop otherwise (the maximum and the gradient's pass are as fast
+  // as the compiler makes them).
+  template <class L>
+  static constexpr bool kernels = std::is_same_v<L, float> || std::is_same_v<L, bf16>;
+
+  // e[j] = e^(row[j] − mx) (e null: not kept); returns their sum, the same bits either way.
+  template <class L, class F>
+  static F exp_sum(const L* row, F* e, index_t card, F mx, bool fast) {
+    if constexpr (kernels<L>)
+      if (fast) return cpu_detail::vmath512::exp_sum(row, e, card, mx);
+    F sum = F(0.0);
+    if (e == nullptr) {
+#pragma omp simd reduction(+ : sum)
+      for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+    } else {
+#pragma omp simd reduction(+ : sum)
+      for (index_t j = 0; j < card; ++j) {
+        e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+        sum += e[j];
+      }
+    }
+    return sum;
+  }
+
   // Where a row's e^(x−max) wait: float logits in place; 16-bit ones in a row of floats the
   // calling thread keeps (sized by the first step, reused after).
   template <class L>

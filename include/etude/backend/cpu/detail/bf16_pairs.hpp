@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -94,21 +95,8 @@ inline word load_word(const word* p) {
   return w;
 }
 
-// 16 floats rounded to bf16 bits as bf16(float) rounds them: to nearest even, NaN kept and quietened
-// (AVX-512F alone: score_rows' kernels round with it too).
-// (The all-lanes masked forms: GCC 12's unmasked shifts and conversions start from an
-// "undefined" register that -Wuninitialized reports in a function with a target attribute.)
-__attribute__((target("avx512f"))) inline __m256i round_to_bf16(__m512 x) {
-  constexpr __mmask16 all = 0xFFFF;
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i kept = _mm512_maskz_srli_epi32(all, u, 16);
-  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                      _mm512_and_si512(kept, _mm512_set1_epi32(1)));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i r = _mm512_mask_or_epi32(_mm512_maskz_srli_epi32(all, up, 16), nan, kept, _mm512_set1_epi32(0x40));
-  return _mm512_maskz_cvtepi32_epi16(all, r);
-}
+using vmath512::round_to_bf16;
+
 
 // o[0..16) under mask m = alpha·x + beta·o, o float or bf16 (widened, then rounded once).
 ETUDE_BF16_PAIRS_TARGET inline void store(float* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {

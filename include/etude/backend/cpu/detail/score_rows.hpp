@@ -16,7 +16,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/backend/cpu/detail/vmath512.hpp"
@@ -63,7 +62,7 @@ ETUDE_SCORE_ROWS_TARGET inline float softmax(float* row, bf16* rb, index_t keys,
   __m512 sum = _mm512_setzero_ps();
   for (index_t j = 0; j < keys; j += lanes) {
     const __m512 e = exponentials(row, j, valid(j, keys), shift);
-    if constexpr (Rounded) _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + j), bf16_pairs::kernel::round_to_bf16(e));
+    if constexpr (Rounded) _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + j), vmath512::round_to_bf16(e));
     else _mm512_storeu_ps(row + j, e);
     sum = _mm512_add_ps(sum, e);
   }
@@ -86,7 +85,7 @@ ETUDE_SCORE_ROWS_TARGET inline void backward(float* pr, const float* dp, D* ds, 
     const __mmask16 m = valid(j, keys);
     const __m512 g = _mm512_maskz_mul_ps(m, _mm512_loadu_ps(pr + j), _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + j), total));
     if constexpr (std::is_same_v<D, float>) _mm512_storeu_ps(ds + j, g);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + j), bf16_pairs::kernel::round_to_bf16(g));
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + j), vmath512::round_to_bf16(g));
   }
 }
 

@@ -8,6 +8,9 @@
 // extractions start from an "undefined" register that -Wuninitialized reports, as in bf16_pairs.)
 #pragma once
 
+#include <cmath>
+#include <type_traits>
+
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
@@ -86,8 +89,21 @@ ETUDE_VMATH512_TARGET inline __m512 load(const bf16* x, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, wide, 16));
 }
 
-// e^(x[j] − shift) into out[j] for j < n (out may be x); returns their sum, added lane by lane in
-// order and then across the lanes (lane_sum).
+// 16 floats rounded to bf16 bits as bf16(float) rounds them: to nearest even, NaN kept and quietened.
+ETUDE_VMATH512_TARGET inline __m256i round_to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i kept = _mm512_maskz_srli_epi32(all, u, 16);
+  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                      _mm512_and_si512(kept, _mm512_set1_epi32(1)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i r = _mm512_mask_or_epi32(_mm512_maskz_srli_epi32(all, up, 16), nan, kept, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(all, r);
+}
+
+// e^(x[j] − shift) into out[j] for j < n (out may be x, or null for the sum alone); returns their
+// sum, added lane by lane in order and then across the lanes (lane_sum): the same bits with or
+// without out.
 template <class T>
 ETUDE_VMATH512_TARGET inline float exp_sum(const T* x, float* out, index_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
@@ -95,7 +111,7 @@ ETUDE_VMATH512_TARGET inline float exp_sum(const T* x, float* out, index_t n, fl
   for (index_t j = 0; j < n; j += lanes) {
     const __mmask16 m = valid(j, n);
     const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(load(x + j, m), s)));
-    _mm512_mask_storeu_ps(out + j, m, e);
+    if (out != nullptr) _mm512_mask_storeu_ps(out + j, m, e);
     sum = _mm512_add_ps(sum, e);
   }
   return lane_sum(sum);
