@@ -223,7 +223,7 @@ bool same_bits(const std::vector<etude::bf16>& a, const std::vector<etude::bf16>
 TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS", "[ops]") {
   INFO(cpu::bf16_products());
   const auto shorter = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
-  const auto longer = check_bf16_attention(1, 600, 1);  // blocks of 128 rows
+  const auto longer = check_bf16_attention(1, 600, 1);  // blocks of 128 rows widened, of dot_rows on the dot path
   if (attention_dots()) {
     // the widened path, as on a CPU without the instructions, within its tighter bound; the two
     // paths differ (the dot products' rounded probabilities show in the output)

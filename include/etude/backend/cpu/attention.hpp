@@ -5,9 +5,11 @@
 // Long sequences take blocks of 128 rows: the products are most of the time, and taller blocks
 // run them faster once a row's keys outnumber the masked corner a tall diagonal block wastes.
 // Measured on 2 AVX-512 cores (head dim 64, step_bench tiny_long --profile, T=2048, forward and
-// backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike; bf16 on oneDNN's dot
-// products 48 and 86 with 128 rows, 54 and 101 with 64; bf16 on etude's own kernels 39–44 and
-// 79–94 with 128 rows, 37–39 and 79–83 with 64 (3 interleaved rounds: within the machine's noise).
+// backward ms per step): fp32 on oneDNN 72 and 152 with 64 or 128 rows alike (since the score rows'
+// kernels, 52–57 and 133–139 with 128 against 54–56 and 153–155 with 64); bf16 on oneDNN's dot
+// products 48 and 86 with 128 rows, 54 and 101 with 64. bf16 on etude's own kernels keeps 64 rows
+// at every length: 29.2–29.5 and 66.1–67.7 against 30.4–31.2 and 69.2–69.6 with 128 (3
+// interleaved rounds each), a 128-row block's scores and dP (1 MiB each at T=2048) outgrowing L2.
 // The score rows (the softmax, and the backward's P and dS) run on detail/score_rows.hpp's AVX-512
 // kernels where the CPU has AVX-512F.
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
@@ -43,6 +45,8 @@ struct cpu_attention {
   // (sequence, head) is widened into the thread's slot first and its results rounded once.
   static constexpr index_t max_attention_rows = 128;
   static constexpr index_t attention_rows(index_t steps) { return steps > 512 ? max_attention_rows : 64; }
+  // The bf16 dot path's blocks (at most attention_rows(steps), which sizes the scratch).
+  static constexpr index_t dot_rows = 64;
 
   // Score rows hold whole vectors of 16 (the row loops never take a scalar remainder).
   static constexpr index_t score_stride(index_t keys) { return cpu_detail::bf16_pairs::padded(keys); }
@@ -261,7 +265,7 @@ struct cpu_attention {
     namespace pairs = cpu_detail::bf16_pairs;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    const index_t block = dot_rows, blocks = (steps + block - 1) / block;
     const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
     const pair_room room = carve(p + 2 * block * score_stride(steps), steps, head_dim);
     pair_word *kt = room.kt, *vr = room.kr;
@@ -298,7 +302,7 @@ struct cpu_attention {
     namespace pairs = cpu_detail::bf16_pairs;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
+    const index_t block = dot_rows, blocks = (steps + block - 1) / block;
     const index_t half = head_dim / 2, ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
     float* dp = p + block * score_stride(steps);
     const pair_room room = carve(p + 2 * block * score_stride(steps), steps, head_dim);
