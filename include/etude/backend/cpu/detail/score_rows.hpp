@@ -83,7 +83,8 @@ ETUDE_SCORE_ROWS_TARGET inline void backward(float* pr, const float* dp, D* ds, 
   const __m512 total = _mm512_set1_ps(lane_sum(dot));
   for (index_t j = 0; j < keys; j += lanes) {
     const __mmask16 m = valid(j, keys);
-    const __m512 g = _mm512_maskz_mul_ps(m, _mm512_loadu_ps(pr + j), _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + j), total));
+    const __m512 dpj = _mm512_maskz_loadu_ps(m, dp + j);
+    const __m512 g = _mm512_maskz_mul_ps(m, _mm512_loadu_ps(pr + j), _mm512_sub_ps(dpj, total));
     if constexpr (std::is_same_v<D, float>) _mm512_storeu_ps(ds + j, g);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + j), vmath512::round_to_bf16(g));
   }
@@ -108,7 +109,8 @@ inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
   if constexpr (std::is_same_v<F, float>) {
     if (available()) {
       const float mx = kernel::row_max(row, keys);
-      const float sum = rb != nullptr ? kernel::softmax<true>(row, rb, keys, mx) : kernel::softmax<false>(row, rb, keys, mx);
+      const float sum =
+          rb != nullptr ? kernel::softmax<true>(row, rb, keys, mx) : kernel::softmax<false>(row, rb, keys, mx);
       inv = 1.0f / sum;
       if (rb != nullptr) std::fill(rb + whole, rb + std::max(whole, width), bf16::from_bits(0));
       else std::fill(row + whole, row + std::max(whole, width), F(0.0));
