@@ -35,11 +35,12 @@ namespace etude::backend::cpu_detail::bf16_pairs {
 
 using word = std::uint32_t;
 
-inline constexpr index_t lanes = 16;  // floats in a zmm register
+using vmath512::lanes;
+using vmath512::padded;
+
 // rows of C a kernel call keeps in registers: 6 × 4 accumulators, 4 B vectors and a broadcast, 29
 // of 32 (here, outside the kernels, for the schedules that split work in whole tiles on any build)
 inline constexpr int tile_rows = 6;
-inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
 
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
 
@@ -81,7 +82,7 @@ ETUDE_BF16_PAIRS_TARGET inline void gather_pairs(word* dst, index_t ldd, const b
   const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                         _mm512_set1_epi32(static_cast<int>(ld * index_t{sizeof(bf16)})));
   for (index_t r = 0; r < rows; r += lanes) {
-    const __mmask16 m = rows - r >= lanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (rows - r)) - 1u);
+    const __mmask16 m = vmath512::valid(r, rows);
     const auto* base = reinterpret_cast<const unsigned char*>(src + r * ld);
     for (index_t q = 0; q < pairs; ++q)
       _mm512_mask_storeu_epi32(dst + q * ldd + r, m,
@@ -96,7 +97,6 @@ inline word load_word(const word* p) {
 }
 
 using vmath512::round_to_bf16;
-
 
 // o[0..16) under mask m = alpha·x + beta·o, o float or bf16 (widened, then rounded once).
 ETUDE_BF16_PAIRS_TARGET inline void store(float* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {

@@ -1,7 +1,7 @@
 // AVX-512 forms of vmath's float kernels, for the loops where an exponential is most of the work
 // (attention's score rows, the heads' softmax cross-entropy): compiled for AVX-512 F, BW and VL
 // whatever the program's flags (a target attribute) and taken where available() says the CPU has
-// them, with vmath's portable loops elsewhere. The compiler makes 35 instructions of vexp for 16
+// them, with vmath's portable loops elsewhere. GCC 12 makes 37 instructions of vexp for 16
 // lanes (clamps, two factors of 2^n, NaN and range selects); exp16 takes 14, vscalefps applying
 // 2^n with underflow, overflow and NaN in one correctly rounded step.
 // (The all-lanes masked forms below: GCC 12's unmasked vmaxps, vminps, vscalefps and lane
@@ -24,7 +24,8 @@
 
 namespace etude::backend::cpu_detail::vmath512 {
 
-inline constexpr index_t lanes = 16;
+inline constexpr index_t lanes = 16;  // floats in a zmm register
+inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * lanes; }
 
 #ifdef ETUDE_VMATH512
 
