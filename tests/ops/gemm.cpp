@@ -351,3 +351,60 @@ TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A s
     }
   }
 }
+
+TEST_CASE("bf16 pair products of a causal operand skip only what is zero or unread: the full product's bits",
+          "[ops]") {
+  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  using etude::bf16;
+  using causal = pairs::causal;
+  if (!pairs::available()) {
+    WARN("this CPU has no AVX512_BF16: the pair products are not exercised");
+    return;
+  }
+  // rows of C standing for queries (or keys) offset + i: tiles of 6 and runs of 16 meeting a
+  // diagonal at any place, odd reductions, partial and several 64-column panels
+  for (const auto [m, n, k, offset] : {std::array<index_t, 4>{64, 128, 128, 64}, {37, 70, 71, 33}, {17, 16, 40, 0},
+                                       {70, 150, 150, 80}, {5, 9, 9, 3}, {64, 64, 64, 0}}) {
+    const index_t pair_count = (k + 1) / 2, ldc = n + 5, ldb = pairs::padded(n);
+    const auto av = random_vector(std::size_t(m * 2 * pair_count), 81), bv = random_vector(std::size_t(k * n), 82);
+    std::vector<bf16> b(std::size_t(k * n));
+    for (std::size_t x = 0; x < b.size(); ++x) b[x] = bf16(float(bv[x]));
+    std::vector<pairs::word> bp(std::size_t(pair_count * ldb));
+    pairs::pack_rows(bp.data(), ldb, b.data(), n, k, n);
+    for (const auto what : {causal::columns_to_row, causal::reduction_to_row, causal::reduction_from_row}) {
+      INFO("m " << m << " n " << n << " k " << k << " offset " << offset << " kind " << int(what));
+      // A (m × k) in rows of even length, zero where the kind says it is (and past k)
+      const index_t lda = 2 * pair_count;
+      std::vector<bf16> a(std::size_t(m * lda), bf16(0.0f));
+      for (index_t i = 0; i < m; ++i)
+        for (index_t p = 0; p < k; ++p) {
+          const bool zero = (what == causal::reduction_to_row && p > offset + i) ||
+                            (what == causal::reduction_from_row && p < offset + i);
+          if (!zero) a[std::size_t(i * lda + p)] = bf16(float(av[std::size_t(i * lda + p)]));
+        }
+      const auto* aw = reinterpret_cast<const pairs::word*>(a.data());
+      for (const float beta : {0.0f, 0.5f}) {
+        const auto c0 = random_vector(std::size_t(m * ldc), 83);
+        std::vector<float> full(c0.begin(), c0.end()), cut = full;
+        pairs::product(m, n, pair_count, 0.5f, aw, lda / 2, 1, bp.data(), ldb, beta, full.data(), ldc);
+        pairs::product(m, n, pair_count, 0.5f, aw, lda / 2, 1, bp.data(), ldb, beta, cut.data(), ldc,
+                       causal{what, offset});
+        index_t differ = 0, skipped = 0;
+        for (index_t i = 0; i < m; ++i)
+          for (index_t j = 0; j < ldc; ++j) {
+            const auto x = std::size_t(i * ldc + j);
+            if (what == causal::columns_to_row && j > offset + i) {
+              // unwanted: the full product's, or left as it was; the padding past n never written
+              if (j >= n) CHECK(cut[x] == float(c0[x]));
+              skipped += cut[x] == float(c0[x]) && j < n;
+              continue;
+            }
+            differ += std::memcmp(&full[x], &cut[x], sizeof(float)) != 0;
+          }
+        CHECK(differ == 0);
+        // the cut leaves vectors of the masked corner unwritten where row 0 has one past its keys
+        if (what == causal::columns_to_row && offset / 16 + 1 < (n + 15) / 16) CHECK(skipped > 0);
+      }
+    }
+  }
+}

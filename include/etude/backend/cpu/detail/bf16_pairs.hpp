@@ -42,6 +42,29 @@ using vmath512::padded;
 // of 32 (here, outside the kernels, for the schedules that split work in whole tiles on any build)
 inline constexpr int tile_rows = 6;
 
+// What a product with a causal operand (attention's diagonal blocks) leaves out, row i of C (from
+// the call's first row) standing for query or key `offset + i`:
+//   columns_to_row     C(i, j) is wanted for j ≤ offset + i only (scores; the rest may be left)
+//   reduction_to_row   A(i, p) = 0 for p > offset + i (probabilities past a row's last key)
+//   reduction_from_row A(i, p) = 0 for p < offset + i (Pᵀ: a key meets the queries at or after it)
+// The first is cut at 16 columns, the others at a tile's pairs: the products skipped are of zeros
+// with finite values, or outputs nobody reads, so the results are the full product's bits.
+struct causal {
+  enum kind : int { none, columns_to_row, reduction_to_row, reduction_from_row };
+  kind what = none;
+  index_t offset = 0;
+
+  // the same structure for the rows from row r on
+  causal from(index_t r) const { return {what, offset + r}; }
+  // the pairs [first, end) that rows [i, i + rows) meet, of `pairs`
+  index_t first_pair(index_t i) const {
+    return what == reduction_from_row ? std::max<index_t>(0, offset + i) / 2 : 0;
+  }
+  index_t end_pair(index_t i, index_t rows, index_t pairs) const {
+    return what == reduction_to_row ? std::min(pairs, std::max<index_t>(0, offset + i + rows + 1) / 2) : pairs;
+  }
+};
+
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
 
 // B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
@@ -144,22 +167,43 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a
 
 inline constexpr int tile_vectors = 4;
 
+// Rows [i, i + Rows) over the pairs `shape` leaves them.
+template <int Rows, int V, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t pairs, const word* a, index_t a_row,
+                                                index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
+                                                TC* c, index_t ldc, __mmask16 last, causal shape) {
+  const index_t p0 = shape.first_pair(i), p1 = std::max(p0, shape.end_pair(i, Rows, pairs));
+  tile<Rows, V>(p1 - p0, a + i * a_row + p0 * a_pair, a_row, a_pair, b + p0 * ldb, ldb, alpha, beta, c + i * ldc, ldc,
+                last);
+}
+
 template <int V, class TC>
 ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const word* a, index_t a_row,
                                                  index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
-                                                 TC* c, index_t ldc, __mmask16 last) {
+                                                 TC* c, index_t ldc, __mmask16 last, causal shape) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
-    tile<tile_rows, V>(pairs, a + i * a_row, a_row, a_pair, b, ldb, alpha, beta, c + i * ldc, ldc, last);
-  const word* ai = a + i * a_row;
-  TC* ci = c + i * ldc;
+    shaped_tile<tile_rows, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
   switch (m - i) {
-    case 5: tile<5, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 4: tile<4, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 3: tile<3, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 2: tile<2, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 1: tile<1, V>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 5: shaped_tile<5, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 4: shaped_tile<4, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 3: shaped_tile<3, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 2: shaped_tile<2, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 1: shaped_tile<1, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
     default: break;
+  }
+}
+
+// Rows [0, m) of one panel of `vectors` vectors of 16 columns.
+template <class TC>
+ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t pairs, const word* a, index_t a_row,
+                                          index_t a_pair, const word* b, index_t ldb, float alpha, float beta, TC* c,
+                                          index_t ldc, __mmask16 last, causal shape) {
+  switch (vectors) {
+    case 4: column_panel<4>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 3: column_panel<3>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 2: column_panel<2>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    default: column_panel<1>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
   }
 }
 
@@ -167,22 +211,29 @@ ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const
 
 // C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` word
 // pairs, on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C.
-// Requires available().
+// `shape` says what a causal operand leaves out (above). Requires available().
 template <class TC>
 ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const word* a,
                                             index_t a_row, index_t a_pair, const word* b, index_t ldb, float beta,
-                                            TC* c, index_t ldc) {
-  constexpr index_t panel = kernel::tile_vectors * lanes;
-  for (index_t j = 0; j < n; j += panel) {
-    const index_t cols = std::min(panel, n - j);
+                                            TC* c, index_t ldc, causal shape = {}) {
+  constexpr index_t width = kernel::tile_vectors * lanes;
+  for (index_t j = 0; j < n; j += width) {
+    const index_t cols = std::min(width, n - j);
     const int vectors = static_cast<int>((cols + lanes - 1) / lanes);
     const index_t tail = cols - (vectors - 1) * lanes;
     const __mmask16 last = static_cast<__mmask16>((1u << tail) - 1u);
-    switch (vectors) {
-      case 4: kernel::column_panel<4>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
-      case 3: kernel::column_panel<3>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
-      case 2: kernel::column_panel<2>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
-      default: kernel::column_panel<1>(m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last); break;
+    if (shape.what != causal::columns_to_row) {
+      kernel::panel(vectors, m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last, shape);
+      continue;
+    }
+    // row i wants columns up to offset + i: none of this panel before row j − offset, then
+    // rows in runs of 16 that want one more of its vectors each
+    for (index_t r = std::clamp<index_t>(j - shape.offset, 0, m); r < m;) {
+      const int want = static_cast<int>(std::min<index_t>(vectors, (shape.offset + r - j) / lanes + 1));
+      const index_t end = want == vectors ? m : std::min(m, j - shape.offset + want * lanes);
+      kernel::panel(want, end - r, pairs, a + r * a_row, a_row, a_pair, b + j, ldb, alpha, beta, c + r * ldc + j, ldc,
+                    want == vectors ? last : __mmask16(0xFFFF), causal{});
+      r = end;
     }
   }
 }
@@ -194,7 +245,7 @@ inline bool available() { return false; }
 // Callers check available() first; the declaration keeps their code one path on other CPUs.
 template <class TC>
 void product(index_t, index_t, index_t, float, const word*, index_t, index_t, const word*, index_t, float, TC*,
-             index_t) {
+             index_t, causal = {}) {
   throw error("cpu bf16_pairs::product: built for a CPU without AVX512_BF16; check available() first");
 }
 
