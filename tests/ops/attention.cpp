@@ -379,6 +379,67 @@ ETUDE_VMATH512_TARGET float exp16(float x) {
 // The score rows' loops (AVX-512 kernels where the CPU has them, the portable loops elsewhere):
 // the exponential against libm, and a forward and backward row of every length against double,
 // with exact +0 past the last key.
+namespace {
+
+// Float attention (its own kernels where this CPU has them, or oneDNN's products) against the
+// double path on the same values: every output, log-sum-exp and gradient within 2^-16 of the
+// largest of its kind (float's roundings are near 2^-24 of the terms; a wrong mask or a lost
+// block moves values by their own size). Returns the float results, output then gradients.
+template <int HeadDim>
+std::vector<float> check_float_attention(index_t batch, index_t steps, int heads, bool own) {
+  cpu::set_own_float_attention(own);
+  CHECK(cpu::own_float_attention() == (own && etude::backend::cpu_detail::bf16_pairs::available()));
+  const index_t d = heads * HeadDim;
+  const auto qkv = random_vector(batch * steps * 3 * d, 31, 2.0), dout = random_vector(batch * steps * d, 32);
+  std::vector<double> att(batch * steps * d), lse(batch * steps * heads), dqkv(qkv.size());
+  std::vector<double> sd(static_cast<std::size_t>(cpu::attention_scratch(steps, HeadDim, false, cpu::threads())));
+  cpu::attention_fwd<HeadDim>(att.data(), lse.data(), qkv.data(), batch, steps, heads, sd.data(), index_t(sd.size()));
+  cpu::attention_bwd<HeadDim>(dqkv.data(), dout.data(), att.data(), qkv.data(), lse.data(), batch, steps, heads,
+                              sd.data(), index_t(sd.size()));
+  const std::vector<float> qkv_f(qkv.begin(), qkv.end()), dout_f(dout.begin(), dout.end());
+  std::vector<float> att_f(att.size()), lse_f(lse.size()), dqkv_f(qkv.size(), 7.0f);
+  std::vector<float> sf(static_cast<std::size_t>(cpu::attention_scratch(steps, HeadDim, false, cpu::threads())));
+  cpu::attention_fwd<HeadDim>(att_f.data(), lse_f.data(), qkv_f.data(), batch, steps, heads, sf.data(),
+                              index_t(sf.size()));
+  cpu::attention_bwd<HeadDim>(dqkv_f.data(), dout_f.data(), att_f.data(), qkv_f.data(), lse_f.data(), batch, steps,
+                              heads, sf.data(), index_t(sf.size()));
+  cpu::set_own_float_attention(true);
+  auto within = [](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+    double largest = 0, worst = 0;
+    for (const double w : want) largest = std::max(largest, std::abs(w));
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (const double e = std::abs(double(got[i]) - want[i]); e > worst) worst = e, at = i;
+    INFO(what << ": worst " << worst << " at " << at << " (" << got[at] << " vs " << want[at] << "), largest "
+              << largest);
+    CHECK(worst <= 0x1p-16 * largest);
+  };
+  within(att_f, att, "output");
+  within(lse_f, lse, "log-sum-exp");
+  within(dqkv_f, dqkv, "dqkv");
+  std::vector<float> out = att_f;
+  out.insert(out.end(), dqkv_f.begin(), dqkv_f.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("float attention on etude's kernels and on oneDNN's products is float roundings from double", "[ops]") {
+  // one partial block, a diagonal at 64 with 9 rows past it, 600 rows (128-row blocks on oneDNN's
+  // path, 64 on the kernels'), a head dimension that is not whole vectors of 16
+  for (const bool own : {true, false}) {
+    INFO((own ? "etude's kernels" : "oneDNN's products"));
+    check_float_attention<64>(2, 7, 2, own);
+    check_float_attention<64>(2, cpu::attention_rows(64) + 9, 2, own);
+    check_float_attention<64>(1, 600, 1, own);
+    check_float_attention<24>(2, 150, 3, own);
+  }
+  if (etude::backend::cpu_detail::bf16_pairs::available()) {
+    // the two paths differ in the order of their additions, not by more
+    CHECK(check_float_attention<64>(1, 130, 2, true) != check_float_attention<64>(1, 130, 2, false));
+  }
+}
+
 TEST_CASE("attention's score rows are within a few roundings of double, zero past their keys", "[ops]") {
   namespace rows = etude::backend::cpu_detail::score_rows;
   using etude::bf16;

@@ -285,7 +285,8 @@ TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A s
   namespace pairs = etude::backend::cpu_detail::bf16_pairs;
   using etude::bf16;
   if (!pairs::available()) {
-    CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, nullptr, 1, 1, nullptr, 16, 0.0f, static_cast<float*>(nullptr), 1),
+    const pairs::word* none = nullptr;
+    CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, none, 1, 1, none, 16, 0.0f, static_cast<float*>(nullptr), 1),
                       Catch::Contains("AVX512_BF16"));
     WARN("this CPU has no AVX512_BF16: the pair products are not exercised");
     return;

@@ -19,12 +19,17 @@
 // There the diagonal block's products leave out its masked corner (bf16_pairs::causal): scores past
 // a row's last key by vectors of 16, and the pairs of zero probabilities or dS by tiles of 6 rows,
 // with the same bits (tiny bf16's attention 17.7 → 15.8 ms a step at T=256, 64-row blocks).
+// Float q, k, v and dO take the same kernels on floats (vfmadd231ps) where the CPU has them
+// (own_float_attention()), in blocks of dot_rows with the same corners left out, instead of
+// oneDNN's products: per step (--profile, quiet) tiny fp32's attention 32 → 26 ms, small's 229 →
+// 202, tiny_long's 174 → 166. oneDNN's path above stays for other CPUs.
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -57,13 +62,22 @@ struct cpu_attention {
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
   // or for the dot path's paired operands (pair_room), whichever is larger.
+  // Float tensors (not staged) add room for the float kernels' operands (float_room).
   static constexpr index_t attention_slot(index_t steps, index_t head_dim, bool staged) {
     return 2 * attention_rows(steps) * score_stride(steps) +
-           (staged ? std::max(7 * steps * head_dim, pair_room_floats(steps, head_dim)) : 0);
+           (staged ? std::max(7 * steps * head_dim, pair_room_floats(steps, head_dim))
+                   : float_room_floats(steps, head_dim));
   }
   static constexpr index_t attention_scratch(index_t steps, index_t head_dim, bool staged, int thread_count) {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
   }
+
+  // Whether float attention runs on etude's own kernels (bf16_pairs' tiles on floats, the diagonal
+  // blocks' masked corners left out) in this process: the CPU has their instructions and
+  // set_own_float_attention(false) did not say no (for measuring and testing oneDNN's path, which
+  // CPUs without them take). Double attention (the gradient checks' oracle) always takes dense.
+  static bool own_float_attention() { return cpu_detail::bf16_pairs::available() && own_float().load(); }
+  static void set_own_float_attention(bool on) { own_float().store(on); }
 
   // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
   // take any.
@@ -81,6 +95,11 @@ struct cpu_attention {
   }
 
  private:
+  static std::atomic<bool>& own_float() {
+    static std::atomic<bool> on{true};
+    return on;
+  }
+
   // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
   // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
   // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
@@ -96,6 +115,7 @@ struct cpu_attention {
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
     const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
+    const bool own32 = std::is_same_v<A, float> && own_float_attention();
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -104,6 +124,12 @@ struct cpu_attention {
       A* out = att + b * steps * d + h * head_dim;
       St* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
+        if constexpr (std::is_same_v<A, float>) {
+          if (own32) {
+            attention_fwd_head_f32(p, q, ld, out, d, l, heads, steps, head_dim, d);
+            continue;
+          }
+        }
         attention_fwd_head(p, q, q + d, q + 2 * d, ld, out, d, l, heads, steps, head_dim);
       } else if (dot16) {
         if constexpr (std::is_same_v<A, bf16>) attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
@@ -133,6 +159,7 @@ struct cpu_attention {
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
     const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
+    const bool own32 = std::is_same_v<A, float> && own_float_attention();
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
@@ -142,6 +169,12 @@ struct cpu_attention {
       DQ* dq = dqkv + b * steps * ld + h * head_dim;
       const St* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
+        if constexpr (std::is_same_v<A, float>) {
+          if (own32) {
+            attention_bwd_head_f32(p, q, ld, dout, d, dq, ld, l, heads, steps, head_dim, d);
+            continue;
+          }
+        }
         attention_bwd_head(p, q, q + d, q + 2 * d, ld, dout, d, dq, dq + d, dq + 2 * d, ld, l, heads, steps, head_dim);
       } else if (dot16) {
         if constexpr (std::is_same_v<A, bf16>)
@@ -215,6 +248,120 @@ struct cpu_attention {
       cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, lds, q + i0 * ld, ld, F(0.0),
                          dk + i0 * ldd, ldd);
       cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, F(0.0), dq + i0 * ldd, ldd);
+    }
+  }
+
+  // The float kernels' room in a slot, past the scores and dP (2·attention_rows·score_stride(steps)):
+  // K and V transposed (head_dim × padded steps each), and K, Q and dO (V in the forward) in rows
+  // of padded(head_dim), zero past head_dim (steps each). Each piece starts on a 64-byte line.
+  struct float_room {
+    float *kt, *vt, *kr, *qr, *dor;
+  };
+  static constexpr index_t float_room_floats(index_t steps, index_t head_dim) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    return 2 * head_dim * pairs::padded(steps) + 3 * steps * pairs::padded(head_dim) + 5 * pairs::lanes;
+  }
+  static float_room carve_floats(float* at, index_t steps, index_t head_dim) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    const index_t across = head_dim * pairs::padded(steps), along = steps * pairs::padded(head_dim);
+    float* piece[5];
+    const index_t sizes[5] = {across, across, along, along, along};
+    for (int i = 0; i < 5; ++i) {
+      const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
+      piece[i] = at + (misplaced == 0 ? 0 : pairs::lanes - misplaced);
+      at = piece[i] + sizes[i];
+    }
+    return {piece[0], piece[1], piece[2], piece[3], piece[4]};
+  }
+  // x (rows × cols, stride ld) into dst transposed (cols × ldd, zero from rows to ldd), or in rows of
+  // ldd (zero from cols to ldd).
+  static void transpose_into(float* dst, index_t ldd, const float* x, index_t ld, index_t rows, index_t cols) {
+    for (index_t c = 0; c < cols; ++c) {
+      float* d = dst + c * ldd;
+#pragma omp simd
+      for (index_t r = 0; r < rows; ++r) d[r] = x[r * ld + c];
+      std::fill(d + rows, d + ldd, 0.0f);
+    }
+  }
+  static void rows_into(float* dst, index_t ldd, const float* x, index_t ld, index_t rows, index_t cols) {
+    for (index_t r = 0; r < rows; ++r) {
+      std::copy(x + r * ld, x + r * ld + cols, dst + r * ldd);
+      std::fill(dst + r * ldd + cols, dst + (r + 1) * ldd, 0.0f);
+    }
+  }
+
+  // attention_fwd_head on etude's float kernels: q, k, v at offsets 0, d, 2d of rows with stride ld;
+  // K transposed and V in padded rows once for the head; blocks of dot_rows query rows, scores and
+  // the output from the kernels with the diagonal block's masked corner left out.
+  template <class St>
+  static void attention_fwd_head_f32(float* p, const float* q, index_t ld, float* out, index_t ldo, St* lse,
+                                     index_t lse_ld, index_t steps, index_t head_dim, index_t d) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const index_t block = dot_rows, blocks = (steps + block - 1) / block;
+    const index_t ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
+    const float_room room = carve_floats(p + 2 * attention_rows(steps) * score_stride(steps), steps, head_dim);
+    transpose_into(room.kt, ldt, q + d, ld, steps, head_dim);
+    rows_into(room.dor, ldr, q + 2 * d, ld, steps, head_dim);
+    float inv[max_attention_rows];
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
+      pairs::product(rows, i1, head_dim, scale, q + i0 * ld, ld, 1, room.kt, ldt, 0.0f, p, lds,
+                     causal{causal::columns_to_row, i0});
+      for (index_t r = 0; r < rows; ++r)
+        lse[(i0 + r) * lse_ld] =
+            static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, nullptr, i0 + r + 1, i1, inv[r]));
+      pairs::product(rows, head_dim, i1, 1.0f, p, lds, 1, room.dor, ldr, 0.0f, out + i0 * ldo, ldo,
+                     causal{causal::reduction_to_row, i0});
+      for (index_t r = 0; r < rows; ++r) {
+        float* o = out + (i0 + r) * ldo;
+        const float s = inv[r];
+#pragma omp simd
+        for (index_t c = 0; c < head_dim; ++c) o[c] *= s;
+      }
+    }
+  }
+
+  // attention_bwd_head on etude's float kernels: K and V transposed, K, Q and dO in padded rows once
+  // for the head; dS in place over dP; dK and dV accumulate over the blocks in dk = dq + d and
+  // dv = dq + 2d (stride ldd), as attention_bwd_head does.
+  template <class St>
+  static void attention_bwd_head_f32(float* p, const float* q, index_t ld, const float* dout, index_t ldo, float* dq,
+                                     index_t ldd, const St* lse, index_t lse_ld, index_t steps, index_t head_dim,
+                                     index_t d) {
+    namespace pairs = cpu_detail::bf16_pairs;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const index_t block = dot_rows, blocks = (steps + block - 1) / block;
+    const index_t ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
+    float* dp = p + attention_rows(steps) * score_stride(steps);
+    const float_room room = carve_floats(p + 2 * attention_rows(steps) * score_stride(steps), steps, head_dim);
+    transpose_into(room.kt, ldt, q + d, ld, steps, head_dim);
+    transpose_into(room.vt, ldt, q + 2 * d, ld, steps, head_dim);
+    rows_into(room.kr, ldr, q + d, ld, steps, head_dim);
+    rows_into(room.qr, ldr, q, ld, steps, head_dim);
+    rows_into(room.dor, ldr, dout, ldo, steps, head_dim);
+    float *dk = dq + d, *dv = dq + 2 * d;
+    for (index_t blk = 0; blk < blocks; ++blk) {
+      const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
+      const causal upto_key{causal::columns_to_row, i0};
+      pairs::product(rows, i1, head_dim, scale, q + i0 * ld, ld, 1, room.kt, ldt, 0.0f, p, lds, upto_key);
+      pairs::product(rows, i1, head_dim, 1.0f, dout + i0 * ldo, ldo, 1, room.vt, ldt, 0.0f, dp, lds, upto_key);
+      for (index_t i = i0; i < i1; ++i) {
+        float* dr = dp + (i - i0) * lds;
+        cpu_detail::score_rows::backward(p + (i - i0) * lds, dr, dr, i + 1, i1, static_cast<float>(lse[i * lse_ld]));
+      }
+      // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past i0
+      // of dK and dV are first written by this block
+      const float *dob = room.dor + i0 * ldr, *qb = room.qr + i0 * ldr;
+      if (i0 > 0) {
+        pairs::product(i0, head_dim, rows, 1.0f, p, 1, lds, dob, ldr, 1.0f, dv, ldd);
+        pairs::product(i0, head_dim, rows, scale, dp, 1, lds, qb, ldr, 1.0f, dk, ldd);
+      }
+      const causal from_query{causal::reduction_from_row, 0};  // key i0 + r meets queries i0 + r on
+      pairs::product(rows, head_dim, rows, 1.0f, p + i0, 1, lds, dob, ldr, 0.0f, dv + i0 * ldd, ldd, from_query);
+      pairs::product(rows, head_dim, rows, scale, dp + i0, 1, lds, qb, ldr, 0.0f, dk + i0 * ldd, ldd, from_query);
+      pairs::product(rows, head_dim, i1, scale, dp, lds, 1, room.kr, ldr, 0.0f, dq + i0 * ldd, ldd,
+                     causal{causal::reduction_to_row, i0});
     }
   }
 

@@ -10,6 +10,9 @@
 // a_pair = 1) and a pair-interleaved one seen transposed (a_row = 1, a_pair = ld) both serve.
 // An odd reduction's last pair carries a zero in both operands' high halves.
 //
+// The same kernels multiply floats (a word is then one float, the instruction vfmadd231ps): fp32
+// attention's blocks, on operands laid out once per head the same way.
+//
 // The instructions flush bf16 subnormals (below 2^-126) to zero and round each addition to float;
 // the order of additions is fixed by the shape, so a result is the same bits on every call.
 // available() says whether this CPU has them (checked once); callers keep another path for
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/core/dtype.hpp"
@@ -54,14 +58,13 @@ struct causal {
   kind what = none;
   index_t offset = 0;
 
-  // the same structure for the rows from row r on
-  causal from(index_t r) const { return {what, offset + r}; }
-  // the pairs [first, end) that rows [i, i + rows) meet, of `pairs`
-  index_t first_pair(index_t i) const {
-    return what == reduction_from_row ? std::max<index_t>(0, offset + i) / 2 : 0;
+  // the words [first, end) of the reduction that rows [i, i + rows) meet, of `words`, a word
+  // holding `per` of its indices (2 for bf16 pairs, 1 for floats)
+  index_t first_word(index_t i, index_t per) const {
+    return what == reduction_from_row ? std::max<index_t>(0, offset + i) / per : 0;
   }
-  index_t end_pair(index_t i, index_t rows, index_t pairs) const {
-    return what == reduction_to_row ? std::min(pairs, std::max<index_t>(0, offset + i + rows + 1) / 2) : pairs;
+  index_t end_word(index_t i, index_t rows, index_t words, index_t per) const {
+    return what == reduction_to_row ? std::min(words, std::max<index_t>(0, offset + i + rows - 1) / per + 1) : words;
   }
 };
 
@@ -136,9 +139,10 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
   _mm256_mask_storeu_epi16(o, m, round_to_bf16(x));
 }
 
-// Rows × (16·V) outputs in registers; `last` masks the final vector's columns.
-template <int Rows, int V, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a_row, index_t a_pair, const word* b,
+// Rows × (16·V) outputs in registers; `last` masks the final vector's columns. W is a word of bf16
+// pairs (vdpbf16ps) or a float (vfmadd231ps): `words` steps of the reduction either way.
+template <int Rows, int V, class W, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void tile(index_t words, const W* a, index_t a_row, index_t a_pair, const W* b,
                                          index_t ldb, float alpha, float beta, TC* c, index_t ldc,
                                          __mmask16 last) {
   __m512 acc[Rows][V];
@@ -146,15 +150,27 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (index_t p = 0; p < pairs; ++p) {
-    __m512bh bv[V];
+  for (index_t p = 0; p < words; ++p) {
+    if constexpr (std::is_same_v<W, float>) {
+      __m512 bv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * lanes);
+      for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_ps(b + p * ldb + v * lanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_word(a + r * a_row + p * a_pair)));
+      for (int r = 0; r < Rows; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r * a_row + p * a_pair]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+      }
+    } else {
+      __m512bh bv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + v * lanes);
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) {
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_word(a + r * a_row + p * a_pair)));
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      }
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -167,19 +183,20 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t pairs, const word* a, index_t a
 
 inline constexpr int tile_vectors = 4;
 
-// Rows [i, i + Rows) over the pairs `shape` leaves them.
-template <int Rows, int V, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t pairs, const word* a, index_t a_row,
-                                                index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
-                                                TC* c, index_t ldc, __mmask16 last, causal shape) {
-  const index_t p0 = shape.first_pair(i), p1 = std::max(p0, shape.end_pair(i, Rows, pairs));
+// Rows [i, i + Rows) over the words of the reduction `shape` leaves them.
+template <int Rows, int V, class W, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t pairs, const W* a, index_t a_row, index_t a_pair,
+                                                const W* b, index_t ldb, float alpha, float beta, TC* c, index_t ldc,
+                                                __mmask16 last, causal shape) {
+  constexpr index_t per = std::is_same_v<W, float> ? 1 : 2;
+  const index_t p0 = shape.first_word(i, per), p1 = std::max(p0, shape.end_word(i, Rows, pairs, per));
   tile<Rows, V>(p1 - p0, a + i * a_row + p0 * a_pair, a_row, a_pair, b + p0 * ldb, ldb, alpha, beta, c + i * ldc, ldc,
                 last);
 }
 
-template <int V, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const word* a, index_t a_row,
-                                                 index_t a_pair, const word* b, index_t ldb, float alpha, float beta,
+template <int V, class W, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const W* a, index_t a_row,
+                                                 index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
                                                  TC* c, index_t ldc, __mmask16 last, causal shape) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
@@ -195,9 +212,9 @@ ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const
 }
 
 // Rows [0, m) of one panel of `vectors` vectors of 16 columns.
-template <class TC>
-ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t pairs, const word* a, index_t a_row,
-                                          index_t a_pair, const word* b, index_t ldb, float alpha, float beta, TC* c,
+template <class W, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t pairs, const W* a, index_t a_row,
+                                          index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
                                           index_t ldc, __mmask16 last, causal shape) {
   switch (vectors) {
     case 4: column_panel<4>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
@@ -209,13 +226,15 @@ ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t pairs,
 
 }  // namespace kernel
 
-// C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` word
-// pairs, on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C.
-// `shape` says what a causal operand leaves out (above). Requires available().
-template <class TC>
-ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const word* a,
-                                            index_t a_row, index_t a_pair, const word* b, index_t ldb, float beta,
+// C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` words,
+// on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C. The words
+// are bf16 pairs, or floats (A and B in float, each output one chain of fused multiply-adds in the
+// reduction's order). `shape` says what a causal operand leaves out (above). Requires available().
+template <class W, class TC>
+ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const W* a,
+                                            index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
                                             TC* c, index_t ldc, causal shape = {}) {
+  static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>, "bf16_pairs::product multiplies pairs or floats");
   constexpr index_t width = kernel::tile_vectors * lanes;
   for (index_t j = 0; j < n; j += width) {
     const index_t cols = std::min(width, n - j);
@@ -243,9 +262,9 @@ ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs,
 inline bool available() { return false; }
 
 // Callers check available() first; the declaration keeps their code one path on other CPUs.
-template <class TC>
-void product(index_t, index_t, index_t, float, const word*, index_t, index_t, const word*, index_t, float, TC*,
-             index_t, causal = {}) {
+template <class W, class TC>
+void product(index_t, index_t, index_t, float, const W*, index_t, index_t, const W*, index_t, float, TC*, index_t,
+             causal = {}) {
   throw error("cpu bf16_pairs::product: built for a CPU without AVX512_BF16; check available() first");
 }
 
