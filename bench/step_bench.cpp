@@ -45,12 +45,15 @@ using etude_bench::median;
 
 bool profile_steps = false;
 
-// The path products take (oneDNN, OpenBLAS or widened sgemm, and why), as a JSON field: float
-// products for fp32, two bf16 operands for bf16.
+// The path products take (oneDNN, OpenBLAS or widened sgemm, and why), as JSON fields: float
+// products for fp32, two bf16 operands for bf16; and self-attention's products.
 std::string products_json(bool bf16) {
   std::string path = bf16 ? etude::backend::cpu::bf16_products() : etude::backend::cpu::float_products();
+  std::string attention = etude::backend::cpu::attention_products();
   std::replace(path.begin(), path.end(), '"', '\'');
-  return std::string(", \"") + (bf16 ? "bf16_products" : "float_products") + "\": \"" + path + "\"";
+  std::replace(attention.begin(), attention.end(), '"', '\'');
+  return std::string(", \"") + (bf16 ? "bf16_products" : "float_products") + "\": \"" + path +
+         "\", \"attention_products\": \"" + attention + "\"";
 }
 
 // Minor page faults of this process so far: a step that touches fresh pages (a buffer allocated

@@ -372,7 +372,8 @@ json run_record(const options& o, const Trainer& trainer, const json& data, cons
   r["hardware"] = {{"backend", etude::backend::cpu::name}, {"threads", etude::backend::cpu::threads()},
                    {"loader_workers", o.workers},
                    {"float_products", etude::backend::cpu::float_products()},
-                   {"bf16_products", etude::backend::cpu::bf16_products()}};
+                   {"bf16_products", etude::backend::cpu::bf16_products()},
+                   {"attention_products", etude::backend::cpu::attention_products()}};
   const auto& m = trainer.memory();
   r["memory_bytes"] = {{"allocated", m.allocated}, {"reserved", m.reserved}, {"peak_allocated", m.peak_allocated},
                        {"peak_reserved", m.peak_reserved}};

@@ -79,6 +79,15 @@ struct cpu_attention {
   static bool own_float_attention() { return cpu_detail::bf16_pairs::available() && own_float().load(); }
   static void set_own_float_attention(bool on) { own_float().store(on); }
 
+  // The paths self-attention's products take in this process on this CPU, float tensors' then
+  // bf16's, for run records.
+  static std::string attention_products() {
+    const std::string f = own_float_attention() ? "float on etude's AVX-512 kernels"
+                                                : "float on cpu::gemm (" + cpu_gemm::float_products() + ")";
+    const bool dots = cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available();
+    return f + "; bf16 " + (dots ? "on etude's AVX512_BF16 kernels (P and dS rounded to bf16)" : "widened to float");
+  }
+
   // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
   // take any.
   template <int HeadDim, class A, class St>
