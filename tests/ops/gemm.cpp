@@ -409,3 +409,54 @@ TEST_CASE("bf16 pair products of a causal operand skip only what is zero or unre
     }
   }
 }
+
+TEST_CASE("bf16 pair products round a bf16 C as bf16(float) rounds, whole vector pairs, NaN and infinity included",
+          "[ops]") {
+  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  using etude::bf16;
+  if (!pairs::available()) {
+    WARN("this CPU has no AVX512_BF16: the pair products are not exercised");
+    return;
+  }
+  // 70 columns: one whole 64-column panel (its vectors rounded in pairs), then a masked rest; a
+  // row of A with an infinity and one with a NaN make infinite and NaN outputs
+  const index_t m = 13, n = 70, k = 40, pair_count = k / 2, ldb = pairs::padded(n);
+  const auto av = random_vector(std::size_t(m * k), 91), bv = random_vector(std::size_t(k * n), 92);
+  std::vector<bf16> a(std::size_t(m * k)), b(std::size_t(k * n));
+  for (std::size_t x = 0; x < a.size(); ++x) a[x] = bf16(float(av[x]) * (x % 7 == 0 ? 1e30f : 1.0f));
+  for (std::size_t x = 0; x < b.size(); ++x) b[x] = bf16(float(bv[x]));
+  a[std::size_t(3 * k + 5)] = bf16(INFINITY);
+  a[std::size_t(7 * k + 2)] = bf16(std::nanf(""));
+  std::vector<pairs::word> bp(std::size_t(pair_count * ldb));
+  pairs::pack_rows(bp.data(), ldb, b.data(), n, k, n);
+  const auto* aw = reinterpret_cast<const pairs::word*>(a.data());
+  std::vector<float> wide(std::size_t(m * n));
+  std::vector<bf16> narrow(wide.size());
+  pairs::product(m, n, pair_count, 1.0f, aw, k / 2, 1, bp.data(), ldb, 0.0f, wide.data(), n);
+  pairs::product(m, n, pair_count, 1.0f, aw, k / 2, 1, bp.data(), ldb, 0.0f, narrow.data(), n);
+  index_t differ = 0, special = 0;
+  for (std::size_t x = 0; x < wide.size(); ++x) {
+    differ += bf16(wide[x]).bits != narrow[x].bits;
+    special += !std::isfinite(wide[x]);
+  }
+  CHECK(differ == 0);
+  CHECK(special >= 2 * n - 2);  // the two rows, less what the infinity meets as a zero
+
+  // float words (the kernels' vfmadd231ps form) make subnormal outputs, which the pair rounding
+  // instruction would read as zero: they must round as bf16(float) rounds them too
+  std::vector<float> af(std::size_t(m * k)), bf(std::size_t(k * ldb), 0.0f);
+  for (std::size_t x = 0; x < af.size(); ++x) af[x] = float(av[x]) * 1e-20f;
+  for (index_t p = 0; p < k; ++p)
+    for (index_t j = 0; j < n; ++j) bf[std::size_t(p * ldb + j)] = float(bv[std::size_t(p * n + j)]) * 1e-19f;
+  std::vector<float> wide_f(wide.size());
+  std::vector<bf16> narrow_f(wide.size());
+  pairs::product(m, n, k, 1.0f, af.data(), k, 1, bf.data(), ldb, 0.0f, wide_f.data(), n);
+  pairs::product(m, n, k, 1.0f, af.data(), k, 1, bf.data(), ldb, 0.0f, narrow_f.data(), n);
+  index_t differ_f = 0, subnormal = 0;
+  for (std::size_t x = 0; x < wide_f.size(); ++x) {
+    differ_f += bf16(wide_f[x]).bits != narrow_f[x].bits;
+    subnormal += std::fpclassify(wide_f[x]) == FP_SUBNORMAL;
+  }
+  CHECK(differ_f == 0);
+  CHECK(subnormal > 0);
+}

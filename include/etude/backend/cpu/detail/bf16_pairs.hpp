@@ -139,6 +139,24 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
   _mm256_mask_storeu_epi16(o, m, round_to_bf16(x));
 }
 
+// o[0..32) = x0, x1 rounded to bf16 by one vcvtne2ps2bf16, which rounds as bf16(float) does (to
+// nearest even, NaN quietened) but reads subnormal floats as zero: a pair holding one goes through
+// round_to_bf16 instead. Half the rounding's instructions of store(), which a short reduction
+// feels: tiny bf16's forward projections and heads (K = 256, bf16 out) 41.3–43.7 → 38.6–39.9 ms a
+// step, 5% faster alone (402 → 421 GFLOP/s); small's (K = 512) did not measurably change.
+ETUDE_BF16_PAIRS_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
+  const __mmask16 sub0 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u0, magnitude), u0, exponent);
+  const __mmask16 sub1 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u1, magnitude), u1, exponent);
+  if ((sub0 | sub1) != 0) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), round_to_bf16(x0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + lanes), round_to_bf16(x1));
+    return;
+  }
+  _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+}
+
 // Rows × (16·V) outputs in registers; `last` masks the final vector's columns. W is a word of bf16
 // pairs (vdpbf16ps) or a float (vfmadd231ps): `words` steps of the reduction either way.
 template <int Rows, int V, class W, class TC>
@@ -174,6 +192,15 @@ ETUDE_BF16_PAIRS_TARGET inline void tile(index_t words, const W* a, index_t a_ro
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if constexpr (std::is_same_v<TC, bf16> && V % 2 == 0) {
+    if (alpha == 1.0f && beta == 0.0f && last == __mmask16(0xFFFF)) {
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 2
+        for (int v = 0; v < V; v += 2) store_pair(c + r * ldc + v * lanes, acc[r][v], acc[r][v + 1]);
+      return;
+    }
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
