@@ -51,7 +51,7 @@ inline constexpr int tile_rows = 6;
 //   columns_to_row     C(i, j) is wanted for j ≤ offset + i only (scores; the rest may be left)
 //   reduction_to_row   A(i, p) = 0 for p > offset + i (probabilities past a row's last key)
 //   reduction_from_row A(i, p) = 0 for p < offset + i (Pᵀ: a key meets the queries at or after it)
-// The first is cut at 16 columns, the others at a tile's pairs: the products skipped are of zeros
+// The first is cut at 16 columns, the others at a tile's words: the products skipped are of zeros
 // with finite values, or outputs nobody reads, so the results are the full product's bits.
 struct causal {
   enum kind : int { none, columns_to_row, reduction_to_row, reduction_from_row };
