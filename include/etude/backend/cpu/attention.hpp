@@ -84,8 +84,7 @@ struct cpu_attention {
   static std::string attention_products() {
     const std::string f = own_float_attention() ? "float on etude's AVX-512 kernels"
                                                 : "float on cpu::gemm (" + cpu_gemm::float_products() + ")";
-    const bool dots = cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available();
-    return f + "; bf16 " + (dots ? "on etude's AVX512_BF16 kernels (P and dS rounded to bf16)" : "widened to float");
+    return f + "; bf16 " + (bf16_dots() ? "on etude's AVX512_BF16 kernels (P and dS rounded to bf16)" : "widened to float");
   }
 
   // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
@@ -112,9 +111,8 @@ struct cpu_attention {
   // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
   // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
   // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
-  static bool dot_products(index_t head_dim) {
-    return head_dim % 2 == 0 && cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available();
-  }
+  static bool bf16_dots() { return cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available(); }
+  static bool dot_products(index_t head_dim) { return head_dim % 2 == 0 && bf16_dots(); }
 
   template <class A, class St>
   static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
@@ -260,26 +258,42 @@ struct cpu_attention {
     }
   }
 
+  // A room of pieces of the given sizes (floats) in a slot, each starting on a 64-byte line: the
+  // floats it needs (each piece may start up to a line past where the previous one ended), and
+  // where the pieces start from `at`. One list of sizes serves the slot's size and its carving.
+  template <std::size_t N>
+  static constexpr index_t line_room(const std::array<index_t, N>& sizes) {
+    index_t total = 0;
+    for (const index_t n : sizes) total += n + cpu_detail::bf16_pairs::lanes;
+    return total;
+  }
+  template <std::size_t N>
+  static std::array<float*, N> line_pieces(float* at, const std::array<index_t, N>& sizes) {
+    std::array<float*, N> piece{};
+    for (std::size_t i = 0; i < N; ++i) {
+      const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
+      piece[i] = at + (misplaced == 0 ? 0 : cpu_detail::bf16_pairs::lanes - misplaced);
+      at = piece[i] + sizes[i];
+    }
+    return piece;
+  }
+
   // The float kernels' room in a slot, past the scores and dP (2·attention_rows·score_stride(steps)):
   // K and V transposed (head_dim × padded steps each), and K, Q and dO (V in the forward) in rows
-  // of padded(head_dim), zero past head_dim (steps each). Each piece starts on a 64-byte line.
+  // of padded(head_dim), zero past head_dim (steps each).
   struct float_room {
     float *kt, *vt, *kr, *qr, *dor;
   };
-  static constexpr index_t float_room_floats(index_t steps, index_t head_dim) {
-    namespace pairs = cpu_detail::bf16_pairs;
-    return 2 * head_dim * pairs::padded(steps) + 3 * steps * pairs::padded(head_dim) + 5 * pairs::lanes;
-  }
-  static float_room carve_floats(float* at, index_t steps, index_t head_dim) {
+  static constexpr std::array<index_t, 5> float_pieces(index_t steps, index_t head_dim) {
     namespace pairs = cpu_detail::bf16_pairs;
     const index_t across = head_dim * pairs::padded(steps), along = steps * pairs::padded(head_dim);
-    float* piece[5];
-    const index_t sizes[5] = {across, across, along, along, along};
-    for (int i = 0; i < 5; ++i) {
-      const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
-      piece[i] = at + (misplaced == 0 ? 0 : pairs::lanes - misplaced);
-      at = piece[i] + sizes[i];
-    }
+    return {across, across, along, along, along};
+  }
+  static constexpr index_t float_room_floats(index_t steps, index_t head_dim) {
+    return line_room(float_pieces(steps, head_dim));
+  }
+  static float_room carve_floats(float* at, index_t steps, index_t head_dim) {
+    const auto piece = line_pieces(at, float_pieces(steps, head_dim));
     return {piece[0], piece[1], piece[2], piece[3], piece[4]};
   }
   // x (rows × cols, stride ld) into dst transposed (cols × ldd, zero from rows to ldd), or in rows of
@@ -310,8 +324,9 @@ struct cpu_attention {
     const index_t block = dot_rows, blocks = (steps + block - 1) / block;
     const index_t ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
     const float_room room = carve_floats(p + 2 * attention_rows(steps) * score_stride(steps), steps, head_dim);
+    float* vr = room.dor;  // V in rows: dO's piece, which the forward does not use
     transpose_into(room.kt, ldt, q + d, ld, steps, head_dim);
-    rows_into(room.dor, ldr, q + 2 * d, ld, steps, head_dim);
+    rows_into(vr, ldr, q + 2 * d, ld, steps, head_dim);
     float inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
@@ -320,7 +335,7 @@ struct cpu_attention {
       for (index_t r = 0; r < rows; ++r)
         lse[(i0 + r) * lse_ld] =
             static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, nullptr, i0 + r + 1, i1, inv[r]));
-      pairs::product(rows, head_dim, i1, 1.0f, p, lds, 1, room.dor, ldr, 0.0f, out + i0 * ldo, ldo,
+      pairs::product(rows, head_dim, i1, 1.0f, p, lds, 1, vr, ldr, 0.0f, out + i0 * ldo, ldo,
                      causal{causal::reduction_to_row, i0});
       for (index_t r = 0; r < rows; ++r) {
         float* o = out + (i0 + r) * ldo;
@@ -394,20 +409,11 @@ struct cpu_attention {
     const index_t paired = block / 2 * steps, floats = steps * head_dim;
     return {block * score_stride(steps) / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
   }
-  // Each piece may start up to a line (16 floats) past where the previous one ended.
   static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
-    index_t total = 0;
-    for (const index_t n : pair_pieces(steps, head_dim)) total += n + cpu_detail::bf16_pairs::lanes;
-    return total;
+    return line_room(pair_pieces(steps, head_dim));
   }
   static pair_room carve(float* at, index_t steps, index_t head_dim) {
-    float* piece[11];
-    const auto sizes = pair_pieces(steps, head_dim);
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
-      piece[i] = at + (misplaced == 0 ? 0 : cpu_detail::bf16_pairs::lanes - misplaced);
-      at = piece[i] + sizes[i];
-    }
+    const auto piece = line_pieces(at, pair_pieces(steps, head_dim));
     const auto word_at = [](float* x) { return reinterpret_cast<pair_word*>(x); };
     return {reinterpret_cast<bf16*>(piece[0]), word_at(piece[1]), word_at(piece[2]), word_at(piece[3]),
             word_at(piece[4]), word_at(piece[5]), word_at(piece[6]), word_at(piece[7]), piece[8], piece[9],

@@ -212,53 +212,53 @@ inline constexpr int tile_vectors = 4;
 
 // Rows [i, i + Rows) over the words of the reduction `shape` leaves them.
 template <int Rows, int V, class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t pairs, const W* a, index_t a_row, index_t a_pair,
+ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t words, const W* a, index_t a_row, index_t a_pair,
                                                 const W* b, index_t ldb, float alpha, float beta, TC* c, index_t ldc,
                                                 __mmask16 last, causal shape) {
   constexpr index_t per = std::is_same_v<W, float> ? 1 : 2;
-  const index_t p0 = shape.first_word(i, per), p1 = std::max(p0, shape.end_word(i, Rows, pairs, per));
+  const index_t p0 = shape.first_word(i, per), p1 = std::max(p0, shape.end_word(i, Rows, words, per));
   tile<Rows, V>(p1 - p0, a + i * a_row + p0 * a_pair, a_row, a_pair, b + p0 * ldb, ldb, alpha, beta, c + i * ldc, ldc,
                 last);
 }
 
 template <int V, class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t pairs, const W* a, index_t a_row,
+ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t words, const W* a, index_t a_row,
                                                  index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
                                                  TC* c, index_t ldc, __mmask16 last, causal shape) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
-    shaped_tile<tile_rows, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+    shaped_tile<tile_rows, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
   switch (m - i) {
-    case 5: shaped_tile<5, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 4: shaped_tile<4, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: shaped_tile<3, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: shaped_tile<2, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 1: shaped_tile<1, V>(i, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 5: shaped_tile<5, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 4: shaped_tile<4, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 3: shaped_tile<3, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 2: shaped_tile<2, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 1: shaped_tile<1, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
     default: break;
   }
 }
 
 // Rows [0, m) of one panel of `vectors` vectors of 16 columns.
 template <class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t pairs, const W* a, index_t a_row,
+ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t words, const W* a, index_t a_row,
                                           index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
                                           index_t ldc, __mmask16 last, causal shape) {
   switch (vectors) {
-    case 4: column_panel<4>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: column_panel<3>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: column_panel<2>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    default: column_panel<1>(m, pairs, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 4: column_panel<4>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 3: column_panel<3>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 2: column_panel<2>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    default: column_panel<1>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
   }
 }
 
 }  // namespace kernel
 
-// C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `pairs` words,
+// C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `words` words,
 // on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C. The words
 // are bf16 pairs, or floats (A and B in float, each output one chain of fused multiply-adds in the
 // reduction's order). `shape` says what a causal operand leaves out (above). Requires available().
 template <class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs, float alpha, const W* a,
+ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t words, float alpha, const W* a,
                                             index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
                                             TC* c, index_t ldc, causal shape = {}) {
   static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>, "bf16_pairs::product multiplies pairs or floats");
@@ -269,7 +269,7 @@ ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs,
     const index_t tail = cols - (vectors - 1) * lanes;
     const __mmask16 last = static_cast<__mmask16>((1u << tail) - 1u);
     if (shape.what != causal::columns_to_row) {
-      kernel::panel(vectors, m, pairs, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last, shape);
+      kernel::panel(vectors, m, words, a, a_row, a_pair, b + j, ldb, alpha, beta, c + j, ldc, last, shape);
       continue;
     }
     // row i wants columns up to offset + i: none of this panel before row j − offset, then
@@ -277,7 +277,7 @@ ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t pairs,
     for (index_t r = std::clamp<index_t>(j - shape.offset, 0, m); r < m;) {
       const int want = static_cast<int>(std::min<index_t>(vectors, (shape.offset + r - j) / lanes + 1));
       const index_t end = want == vectors ? m : std::min(m, j - shape.offset + want * lanes);
-      kernel::panel(want, end - r, pairs, a + r * a_row, a_row, a_pair, b + j, ldb, alpha, beta, c + r * ldc + j, ldc,
+      kernel::panel(want, end - r, words, a + r * a_row, a_row, a_pair, b + j, ldb, alpha, beta, c + r * ldc + j, ldc,
                     want == vectors ? last : __mmask16(0xFFFF), causal{});
       r = end;
     }
