@@ -2,7 +2,9 @@
 // density and normal tail they use, against libm.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -131,4 +133,47 @@ TEST_CASE("GELU backward in float is the exact derivative within a few roundings
   INFO("float: " << worst << " float roundings; bf16: " << worst_bf16 << " of its bound");
   CHECK(worst <= 16.0);
   CHECK(worst_bf16 <= 1.0);
+}
+
+// 16-bit activations take GELU and its slope from tables of all 65536 inputs: the float
+// computation rounded to the input's type, bit for bit, for every input (NaNs, infinities and
+// subnormals too), with float or 16-bit gradients, and on lengths that end inside a vector.
+template <class T>
+void check_gelu_table() {
+  constexpr index_t codes = index_t{1} << 16;
+  std::vector<T> x(codes), y(codes), dy(codes);
+  std::vector<float> xf(codes), yf(codes), dyf(codes), dxf(codes);
+  std::uint32_t state = 12345;
+  for (index_t i = 0; i < codes; ++i) {
+    x[i] = T::from_bits(static_cast<std::uint16_t>(i));
+    xf[i] = static_cast<float>(x[i]);
+    state = state * 1664525u + 1013904223u;  // gradients over many binades, both signs
+    dy[i] = T(std::ldexp(1.0f + static_cast<float>(state >> 9) * 0x1p-23f, static_cast<int>(state % 40) - 24) *
+              ((state >> 8) % 2 != 0 ? -1.0f : 1.0f));
+    dyf[i] = static_cast<float>(dy[i]);
+  }
+  cpu::gelu_fwd(yf.data(), xf.data(), codes);
+  cpu::gelu_fwd(y.data(), x.data(), codes);
+  dxf = dyf;
+  cpu::gelu_bwd(dxf.data(), xf.data(), codes);
+  std::vector<float> dx_wide = dyf;  // float gradients of 16-bit inputs
+  cpu::gelu_bwd(dx_wide.data(), x.data(), codes);
+  std::vector<T> dx = dy;
+  cpu::gelu_bwd(dx.data() + 3, x.data() + 3, codes - 10);  // starts and ends inside a vector
+  index_t forward = 0, backward = 0, wide = 0, untouched = 0;
+  for (index_t i = 0; i < codes; ++i) {
+    forward += y[i].bits != T(yf[i]).bits;
+    wide += std::bit_cast<std::uint32_t>(dx_wide[i]) != std::bit_cast<std::uint32_t>(dxf[i]);
+    if (i < 3 || i >= codes - 7) untouched += dx[i].bits != dy[i].bits;
+    else backward += dx[i].bits != T(dxf[i]).bits;
+  }
+  CHECK(forward == 0);
+  CHECK(backward == 0);
+  CHECK(wide == 0);
+  CHECK(untouched == 0);
+}
+
+TEST_CASE("GELU of bf16 and fp16 activations is the float GELU rounded, for every input", "[ops]") {
+  check_gelu_table<etude::bf16>();
+  check_gelu_table<etude::fp16>();
 }

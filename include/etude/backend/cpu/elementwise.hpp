@@ -1,12 +1,17 @@
-// The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU.
+// The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU (of
+// 16-bit activations by table: detail/gelu_lookup.hpp).
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/detail/gelu_lookup.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend {
@@ -28,40 +33,99 @@ struct cpu_elementwise {
     for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<T>(cpu_detail::cv<F>(dst[i]) + cpu_detail::cv<F>(src[i]));
   }
 
+  // GELU and its slope of one value in the compute type: what every path below computes.
+  // In float Φ comes from the normal tail (vmath), and the density's e^(−x²/2) is also the tail's
+  // factor, computed once.
+  template <class F>
+  static F gelu_value(F v) {
+    if constexpr (std::is_same_v<F, float>) return v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v));
+    else return F(0.5) * v * std::erfc(-v * F(0.70710678118654752440));
+  }
+  template <class F>
+  static F gelu_slope(F v) {
+    constexpr F inv_sqrt_2pi = F(0.398942280401432677940);
+    if constexpr (std::is_same_v<F, float>) {
+      const float g = cpu_detail::gauss(v);
+      return cpu_detail::normal_cdf(v, g) + v * (inv_sqrt_2pi * g);
+    } else {
+      return F(0.5) * std::erfc(-v * F(0.70710678118654752440)) + v * (inv_sqrt_2pi * std::exp(-F(0.5) * v * v));
+    }
+  }
+
+  // y = GELU(x). A 16-bit x (bf16, fp16) with y of its type looks its result up in a table of
+  // all 65536 inputs, made once by gelu_value: the same bits as computing it, in a gather.
   template <class Y, class X>
   static void gelu_fwd(Y* y, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
-#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-    for (index_t i = 0; i < n; ++i) {
-      const F v = cpu_detail::cv<F>(x[i]);
-      if constexpr (std::is_same_v<F, float>) {
-        y[i] = cpu_detail::cv<Y>(v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v)));
-      } else {
-        y[i] = cpu_detail::cv<Y>(F(0.5) * v * std::erfc(-v * F(0.70710678118654752440)));
+    if constexpr (std::is_same_v<Y, X> && is_reduced_precision_v<X>) {
+      const std::uint16_t* table = gelu_codes<X>();
+      auto* out = reinterpret_cast<std::uint16_t*>(y);
+      const auto* in = reinterpret_cast<const std::uint16_t*>(x);
+#ifdef ETUDE_VMATH512
+      if (cpu_detail::vmath512::available()) {
+        cpu_detail::gelu_lookup::codes(out, in, table, n);
+        return;
       }
+#endif
+#pragma omp parallel for schedule(static) if (n > cpu_detail::parallel_min)
+      for (index_t i = 0; i < n; ++i) out[i] = table[in[i]];
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
+      for (index_t i = 0; i < n; ++i) y[i] = cpu_detail::cv<Y>(gelu_value(cpu_detail::cv<F>(x[i])));
     }
   }
-  // dx = dy · gelu'(x), in place over dy. In float the density's e^(−x²/2) is also the factor of
-  // Φ's tail, computed once.
+  // dx = dy · GELU'(x), in place over dy; a 16-bit x looks GELU'(x) up in a table of floats made
+  // once by gelu_slope (the product and its rounding as computed).
   template <class DY, class X>
   static void gelu_bwd(DY* dy, const X* x, index_t n) {
     using F = cpu_detail::compute_of<X>;
-    constexpr F inv_sqrt_2pi = F(0.398942280401432677940);
-#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-    for (index_t i = 0; i < n; ++i) {
-      const F v = cpu_detail::cv<F>(x[i]);
-      F cdf, pdf;
-      if constexpr (std::is_same_v<F, float>) {
-        const float g = cpu_detail::gauss(v);
-        cdf = cpu_detail::normal_cdf(v, g);
-        pdf = inv_sqrt_2pi * g;
-      } else {
-        cdf = F(0.5) * std::erfc(-v * F(0.70710678118654752440));
-        pdf = inv_sqrt_2pi * std::exp(-F(0.5) * v * v);
+    if constexpr (is_reduced_precision_v<X>) {
+      const float* slope = gelu_slopes<X>();
+      const auto* in = reinterpret_cast<const std::uint16_t*>(x);
+#ifdef ETUDE_VMATH512
+      if constexpr (std::is_same_v<DY, bf16> || std::is_same_v<DY, float>) {
+        if (cpu_detail::vmath512::available()) {
+          cpu_detail::gelu_lookup::scale(dy, in, slope, n);
+          return;
+        }
       }
-      dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * (cdf + v * pdf));
+#endif
+#pragma omp parallel for schedule(static) if (n > cpu_detail::parallel_min)
+      for (index_t i = 0; i < n; ++i) dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * slope[in[i]]);
+    } else {
+#pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
+      for (index_t i = 0; i < n; ++i)
+        dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * gelu_slope(cpu_detail::cv<F>(x[i])));
     }
   }
+
+ private:
+  // The tables of a 16-bit type, indexed by its bits, made on first use (a static: once per
+  // process, 128 KiB and 256 KiB). The codes' table has one entry more than it indexes: the
+  // lookup gathers 32-bit words at 2-byte steps.
+  template <class X>
+  static const std::uint16_t* gelu_codes() {
+    static const std::vector<std::uint16_t> table = [] {
+      std::vector<std::uint16_t> t(codes_16 + 1, 0);
+#pragma omp simd
+      for (index_t i = 0; i < codes_16; ++i)
+        t[i] = cpu_detail::cv<X>(gelu_value(cpu_detail::cv<float>(X::from_bits(static_cast<std::uint16_t>(i))))).bits;
+      return t;
+    }();
+    return table.data();
+  }
+  template <class X>
+  static const float* gelu_slopes() {
+    static const std::vector<float> table = [] {
+      std::vector<float> t(codes_16);
+#pragma omp simd
+      for (index_t i = 0; i < codes_16; ++i)
+        t[i] = gelu_slope(cpu_detail::cv<float>(X::from_bits(static_cast<std::uint16_t>(i))));
+      return t;
+    }();
+    return table.data();
+  }
+  static constexpr index_t codes_16 = index_t{1} << 16;
 };
 
 }  // namespace etude::backend
