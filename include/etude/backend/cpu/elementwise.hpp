@@ -22,9 +22,17 @@ struct cpu_elementwise {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
     for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<D>(src[i]);
   }
+  // Zeros; a long run (a step's gradients) on every thread with cached stores. glibc's memset
+  // stores a run that long past the caches, on one thread: tiny's 30 MB of gradients took 0.65 ms
+  // alone, this loop 0.38 ms (tiny bf16's two clears a step 1.5–1.6 → 1.2–1.3 ms).
   template <class T>
   static void fill_zero(T* dst, index_t n) {
-    if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
+    if (n <= cpu_detail::parallel_min) {
+      if (n > 0) std::memset(static_cast<void*>(dst), 0, static_cast<std::size_t>(n) * sizeof(T));
+      return;
+    }
+#pragma omp parallel for simd schedule(static)
+    for (index_t i = 0; i < n; ++i) dst[i] = T{};
   }
   template <class T>
   static void accumulate(T* dst, const T* src, index_t n) {

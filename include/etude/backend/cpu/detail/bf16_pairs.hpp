@@ -102,17 +102,58 @@ inline bool available() {
 
 namespace kernel {
 
-// dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: 16 rows per gather.
-ETUDE_BF16_PAIRS_TARGET inline void gather_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
-                                                 index_t pairs) {
-  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                        _mm512_set1_epi32(static_cast<int>(ld * index_t{sizeof(bf16)})));
-  for (index_t r = 0; r < rows; r += lanes) {
-    const __mmask16 m = vmath512::valid(r, rows);
-    const auto* base = reinterpret_cast<const unsigned char*>(src + r * ld);
-    for (index_t q = 0; q < pairs; ++q)
-      _mm512_mask_storeu_epi32(dst + q * ldd + r, m,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, at, base + q * 4, 1));
+// The 16 × 16 words of x transposed in place: pairs of rows interleaved by 32 and by 64 bits within
+// each 128-bit lane, then the lanes of four registers transposed as 4 × 4 blocks (64 shuffles).
+ETUDE_BF16_PAIRS_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
+  // all-lanes masked forms: GCC 12's unmasked shuffles start from an "undefined" register
+  constexpr __mmask16 all = 0xFFFF;
+  constexpr __mmask8 all64 = 0xFF;
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_maskz_unpacklo_epi32(all, x[2 * k], x[2 * k + 1]);
+    t[2 * k + 1] = _mm512_maskz_unpackhi_epi32(all, x[2 * k], x[2 * k + 1]);
+  }
+  // u[4k + j] holds, in lane L, word 4L + j of rows 4k .. 4k + 3
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    u[4 * k] = _mm512_maskz_unpacklo_epi64(all64, t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm512_maskz_unpackhi_epi64(all64, t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm512_maskz_unpacklo_epi64(all64, t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm512_maskz_unpackhi_epi64(all64, t[4 * k + 1], t[4 * k + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i s0 = _mm512_maskz_shuffle_i32x4(all, u[j], u[4 + j], 0x88);
+    const __m512i s1 = _mm512_maskz_shuffle_i32x4(all, u[j], u[4 + j], 0xdd);
+    const __m512i s2 = _mm512_maskz_shuffle_i32x4(all, u[8 + j], u[12 + j], 0x88);
+    const __m512i s3 = _mm512_maskz_shuffle_i32x4(all, u[8 + j], u[12 + j], 0xdd);
+    x[j] = _mm512_maskz_shuffle_i32x4(all, s0, s2, 0x88);
+    x[8 + j] = _mm512_maskz_shuffle_i32x4(all, s0, s2, 0xdd);
+    x[4 + j] = _mm512_maskz_shuffle_i32x4(all, s1, s3, 0x88);
+    x[12 + j] = _mm512_maskz_shuffle_i32x4(all, s1, s3, 0xdd);
+  }
+}
+
+// dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: blocks of 16 rows
+// × 16 words transposed in registers (1.8 → 0.5 cycles a word against a gather per 16 rows).
+ETUDE_BF16_PAIRS_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
+                                                    index_t pairs) {
+  for (index_t q = 0; q < pairs; q += lanes) {
+    const __mmask16 w = vmath512::valid(q, pairs);
+    for (index_t r = 0; r < rows; r += lanes) {
+      const __mmask16 m = vmath512::valid(r, rows);
+      const int rn = static_cast<int>(std::min(lanes, rows - r));
+      __m512i x[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        x[i] = i < rn ? _mm512_maskz_loadu_epi32(w, src + (r + i) * ld + 2 * q) : _mm512_setzero_si512();
+      transpose_16x16(x);
+      const int qn = static_cast<int>(std::min(lanes, pairs - q));
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        if (i < qn) _mm512_mask_storeu_epi32(dst + (q + i) * ldd + r, m, x[i]);
+    }
   }
 }
 
@@ -301,14 +342,14 @@ void product(index_t, index_t, index_t, float, const W*, index_t, index_t, const
 // dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
 // padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
 // A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
-// 16 rows at a time by gathers where the CPU has them (the scalar loop below took 10% of a
+// in blocks of 16 × 16 in registers where the CPU has them (the scalar loop below took 10% of a
 // 2048×512×2048 product whose B is a weight multiplied transposed).
 inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
   const bf16 zero = bf16::from_bits(0);
   index_t c = 0;
 #ifdef ETUDE_BF16_PAIRS
   if (available() && cols >= 2) {
-    kernel::gather_pairs(dst, ldd, src, ld, rows, cols / 2);
+    kernel::transpose_pairs(dst, ldd, src, ld, rows, cols / 2);
     for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
   }
 #endif
