@@ -519,3 +519,72 @@ TEST_CASE("attention's score rows are within a few roundings of double, zero pas
     }
   }
 }
+
+// The bf16 dot path rounds P and dS two vectors at a time (vcvtne2ps2bf16, which reads subnormal
+// floats as zero, with round_to_bf16 for a pair holding one) and pairs two rows' values in words
+// for the transposed products: the same bits as the row-at-a-time kernels and bf16(float), with
+// scores reaching e^-104 (subnormal probabilities), rows of any length and an odd last row.
+TEST_CASE("bf16 score rows rounded and paired two at a time are bf16(float), subnormals included", "[ops]") {
+#ifdef ETUDE_BF16_PAIRS
+  namespace rows = etude::backend::cpu_detail::score_rows;
+  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  using etude::bf16;
+  if (!pairs::available()) {
+    WARN("this CPU has no AVX512_BF16: the paired score rows are not exercised");
+    return;
+  }
+  index_t subnormal = 0;
+  for (const index_t keys : {1, 2, 16, 17, 32, 33, 63, 100, 257}) {
+    INFO("keys = " << keys);
+    const index_t cols = keys + 5, room = rows::padded(cols) + 32;
+    // scores from lse − 110 to lse + 1: probabilities from 0 through subnormals to about 1
+    const auto s0 = random_vector(room, 31 + keys, 1.0), s1 = random_vector(room, 32 + keys, 1.0);
+    const auto g0 = random_vector(room, 33 + keys, 2.0), g1 = random_vector(room, 34 + keys, 2.0);
+    const float lse0 = 3.0f, lse1 = -2.0f;
+    std::vector<float> a(room, 0.0f), b(room, 0.0f), da(room, 0.0f), db(room, 0.0f);
+    for (index_t j = 0; j < room; ++j) {
+      a[j] = lse0 - 110.0f * static_cast<float>(std::abs(s0[j]));
+      b[j] = lse1 + 1.0f - 111.0f * static_cast<float>(std::abs(s1[j]));
+      da[j] = static_cast<float>(g0[j]);
+      db[j] = static_cast<float>(g1[j]);
+    }
+    // the forward's rounded probabilities: paired against one vector at a time
+    std::vector<bf16> one(room, bf16(7.0f)), two(room, bf16(7.0f));
+    const float sum1 = rows::kernel::softmax<true>(a.data(), one.data(), keys, 1.0f);
+    const float sum2 = rows::paired::softmax(a.data(), two.data(), keys, 1.0f);
+    CHECK(sum1 == sum2);
+    for (index_t j = 0; j < rows::padded(keys); ++j) REQUIRE(one[j].bits == two[j].bits);
+    CHECK(two[rows::padded(keys)].bits == bf16(7.0f).bits);  // nothing written past the row's vectors
+    // the backward: two rows (and a row alone) against backward() row by row and joined words
+    for (const bool both : {true, false}) {
+      INFO("second row: " << both);
+      std::vector<float> pa = a, pb = b, qa = a, qb = b;
+      std::vector<bf16> sa(room, bf16(7.0f)), sb(room, bf16(7.0f)), ta(room, bf16(7.0f)), tb(room, bf16(7.0f));
+      std::vector<pairs::word> pp(room, 0xFFFFFFFFu), sp(room, 0xFFFFFFFFu);
+      const index_t keys_b = both ? std::max<index_t>(1, keys - 1) : 0;
+      using row = rows::paired::backward_row;
+      rows::paired::backward_pair(row{pa.data(), da.data(), sa.data(), keys, lse0},
+                                  both ? row{pb.data(), db.data(), sb.data(), keys_b, lse1}
+                                       : row{pa.data(), da.data(), nullptr, 0, 0.0f},
+                                  pp.data(), sp.data(), cols);
+      rows::kernel::backward(qa.data(), da.data(), ta.data(), keys, lse0);
+      if (both) rows::kernel::backward(qb.data(), db.data(), tb.data(), keys_b, lse1);
+      for (index_t j = 0; j < cols; ++j) {
+        const float p0 = j < keys ? qa[j] : 0.0f, p1 = both && j < keys_b ? qb[j] : 0.0f;
+        const bf16 d0 = j < keys ? ta[j] : bf16(0.0f), d1 = both && j < keys_b ? tb[j] : bf16(0.0f);
+        subnormal += (p0 != 0.0f && std::abs(p0) < 0x1p-126f) + (p1 != 0.0f && std::abs(p1) < 0x1p-126f);
+        REQUIRE(pp[j] == pairs::join(bf16(p0), bf16(p1)));
+        REQUIRE(sp[j] == pairs::join(d0, d1));
+        REQUIRE(sa[j].bits == d0.bits);
+        if (both) REQUIRE(sb[j].bits == d1.bits);
+      }
+      CHECK(pp[cols] == 0xFFFFFFFFu);  // the next pair of rows' words are not written
+      CHECK(sp[cols] == 0xFFFFFFFFu);
+      if (!both) CHECK(sb[0].bits == bf16(7.0f).bits);
+    }
+  }
+  CHECK(subnormal > 0);  // the pair rounding's fallback was needed
+#else
+  WARN("built without the AVX512_BF16 kernels: the paired score rows are not exercised");
+#endif
+}

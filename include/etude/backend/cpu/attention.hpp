@@ -18,7 +18,9 @@
 // the probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
 // There the diagonal block's products leave out its masked corner (bf16_pairs::causal): scores past
 // a row's last key by vectors of 16, and the pairs of zero probabilities or dS by tiles of 6 rows,
-// with the same bits (tiny bf16's attention 17.7 → 15.8 ms a step at T=256, 64-row blocks).
+// with the same bits (tiny bf16's attention 17.7 → 15.8 ms a step at T=256, 64-row blocks). P and
+// dS are rounded two vectors at a time, the backward's two rows at once straight into the paired
+// words (score_rows::paired; tiny_long bf16's attention 90.5–96.4 → 87.5–90.3 ms a step).
 // Float q, k, v and dO take the same kernels on floats (vfmadd231ps) where the CPU has them
 // (own_float_attention()), in blocks of dot_rows with the same corners left out, instead of
 // oneDNN's products: per step (--profile, quiet) tiny fp32's attention 32 → 26 ms, small's 229 →
@@ -486,30 +488,17 @@ struct cpu_attention {
       pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, lds, upto_key);
       pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, lds,
                      upto_key);
-      for (index_t i = i0; i < i1; ++i)
-        cpu_detail::score_rows::backward(p + (i - i0) * lds, dp + (i - i0) * lds, room.rows + (i - i0) * lds, i + 1, w,
-                                         static_cast<float>(lse[i * lse_ld]));
-      // the block's rows paired: P from its floats, dS from its bf16 rows; an odd last row pairs with zeros
+      // the score rows two at a time: P and dS rounded to bf16, dS in rows (to meet K) and both with
+      // the block's rows paired (to meet dO and Q in the transposed products); an odd last row pairs
+      // with zeros
       for (index_t r = 0; r < rows; r += 2) {
-        const float* p0 = p + r * lds;
-        const bf16* s0 = room.rows + r * lds;
-        pair_word* pp = room.p_pairs + r / 2 * i1;
-        pair_word* sp = room.ds_pairs + r / 2 * i1;
-        if (r + 1 < rows) {
-          const float* p1 = p0 + lds;
-          const bf16* s1 = s0 + lds;
-#pragma omp simd
-          for (index_t j = 0; j < i1; ++j) {
-            pp[j] = pairs::join(cpu_detail::cv<bf16>(p0[j]), cpu_detail::cv<bf16>(p1[j]));
-            sp[j] = pairs::join(s0[j], s1[j]);
-          }
-        } else {
-#pragma omp simd
-          for (index_t j = 0; j < i1; ++j) {
-            pp[j] = pairs::join(cpu_detail::cv<bf16>(p0[j]), bf16::from_bits(0));
-            sp[j] = pairs::join(s0[j], bf16::from_bits(0));
-          }
-        }
+        using row = cpu_detail::score_rows::paired::backward_row;
+        const index_t i = i0 + r;
+        const row a{p + r * lds, dp + r * lds, room.rows + r * lds, i + 1, static_cast<float>(lse[i * lse_ld])};
+        const row b = r + 1 < rows
+                          ? row{a.pr + lds, a.dp + lds, a.ds + lds, i + 2, static_cast<float>(lse[(i + 1) * lse_ld])}
+                          : row{a.pr, a.dp, nullptr, 0, 0.0f};
+        cpu_detail::score_rows::paired::backward_pair(a, b, room.p_pairs + r / 2 * i1, room.ds_pairs + r / 2 * i1, i1);
       }
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block

@@ -6,6 +6,9 @@
 // instructions for 16 lanes, against the 37 GCC 12 makes of vexp), and the masked keys past
 // a row's last valid one are lanes of a mask rather than values written first.
 //
+// Where the CPU has AVX512_BF16 (the bf16 dot path), `paired` rounds the bf16 rows two vectors at
+// a time and forms the backward's paired words for two rows at once.
+//
 // Every row has `keys` valid entries followed by masked ones up to `width`; rows hold at least
 // max(width, padded(keys)) entries (score_stride in cpu_attention). The results are the portable
 // loops' to within the exponential's rounding (both within 1 ulp of e^x) and the order of the row
@@ -14,18 +17,33 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
+#include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/core/dtype.hpp"
+#include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend::cpu_detail::score_rows {
 
 using vmath512::lanes;
 using vmath512::padded;
+
+namespace paired {
+// One row of a block for backward_pair (below): scores (becoming P) in pr, dP in dp, dS's bf16 row
+// in ds.
+struct backward_row {
+  float* pr;
+  const float* dp;
+  bf16* ds;
+  index_t keys;
+  float lse;
+};
+}  // namespace paired
 
 #ifdef ETUDE_VMATH512
 
@@ -65,9 +83,8 @@ ETUDE_VMATH512_TARGET inline float softmax(float* row, bf16* rb, index_t keys, f
   return lane_sum(sum);
 }
 
-// pr = e^(pr − lse) (0 on the masked lanes), then ds = pr·(dp − Σ pr·dp) (+0 on the masked lanes).
-template <class D>
-ETUDE_VMATH512_TARGET inline void backward(float* pr, const float* dp, D* ds, index_t keys, float lse) {
+// pr = e^(pr − lse) up to padded(keys) (0 on the masked lanes); returns Σ pr·dp.
+ETUDE_VMATH512_TARGET inline float probabilities(float* pr, const float* dp, index_t keys, float lse) {
   const __m512 shift = _mm512_set1_ps(lse);
   __m512 dot = _mm512_setzero_ps();
   for (index_t j = 0; j < keys; j += lanes) {
@@ -76,7 +93,13 @@ ETUDE_VMATH512_TARGET inline void backward(float* pr, const float* dp, D* ds, in
     _mm512_storeu_ps(pr + j, e);
     dot = _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(m, dp + j), dot);
   }
-  const __m512 total = _mm512_set1_ps(lane_sum(dot));
+  return lane_sum(dot);
+}
+
+// pr = e^(pr − lse) (0 on the masked lanes), then ds = pr·(dp − Σ pr·dp) (+0 on the masked lanes).
+template <class D>
+ETUDE_VMATH512_TARGET inline void backward(float* pr, const float* dp, D* ds, index_t keys, float lse) {
+  const __m512 total = _mm512_set1_ps(probabilities(pr, dp, keys, lse));
   for (index_t j = 0; j < keys; j += lanes) {
     const __mmask16 m = valid(j, keys);
     const __m512 dpj = _mm512_maskz_loadu_ps(m, dp + j);
@@ -88,6 +111,92 @@ ETUDE_VMATH512_TARGET inline void backward(float* pr, const float* dp, D* ds, in
 
 }  // namespace kernel
 
+#ifdef ETUDE_BF16_PAIRS
+
+// The bf16 dot path's rounding (where bf16_pairs::available()): vcvtne2ps2bf16 rounds two vectors
+// in one instruction as bf16(float) does, except that it reads subnormal floats as zero; two
+// vectors holding one take round_to_bf16 instead (bf16_pairs::kernel::store_pair's rule). Half the
+// instructions of rounding by integer arithmetic, in loops where a score's rounding cost as much as
+// a third of its exponential.
+namespace paired {
+
+using bf16_pairs::word;
+
+// x0's 16 values rounded into the low 256 bits, x1's into the high ones.
+ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
+  const __mmask16 sub0 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u0, magnitude), u0, exponent);
+  const __mmask16 sub1 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u1, magnitude), u1, exponent);
+  if ((sub0 | sub1) != 0)
+    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(vmath512::round_to_bf16(x0)),
+                                    vmath512::round_to_bf16(x1), 1);
+  return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+}
+
+// The lanes of the vector at j below n, none once j ≥ n.
+ETUDE_BF16_PAIRS_TARGET inline __mmask16 below(index_t j, index_t n) {
+  return j >= n ? __mmask16(0) : vmath512::valid(j, n);
+}
+
+// kernel::softmax<true> rounding two vectors at a time: the same sum, the same bits.
+ETUDE_BF16_PAIRS_TARGET inline float softmax(const float* row, bf16* rb, index_t keys, float mx) {
+  const __m512 shift = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  index_t j = 0;
+  for (; j + 2 * lanes <= padded(keys); j += 2 * lanes) {
+    const __m512 e0 = kernel::exponentials(row, j, vmath512::valid(j, keys), shift);
+    const __m512 e1 = kernel::exponentials(row, j + lanes, vmath512::valid(j + lanes, keys), shift);
+    _mm512_storeu_si512(rb + j, round_two(e0, e1));
+    sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+  }
+  if (j < keys) {
+    const __m512 e = kernel::exponentials(row, j, vmath512::valid(j, keys), shift);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + j), vmath512::round_to_bf16(e));
+    sum = _mm512_add_ps(sum, e);
+  }
+  return kernel::lane_sum(sum);
+}
+
+// Rows r (a) and r + 1 (b) of a block as backward() makes each: P from lse in pr, dS rounded into
+// its row up to padded(cols); and their bf16 P and dS paired in words for keys j < cols, row r's
+// in the low half (the layout that meets dO and Q). b.keys = 0: no row r + 1 (its halves are zero
+// and b.ds is not written; b's pointers are a's).
+ETUDE_BF16_PAIRS_TARGET inline void backward_pair(backward_row a, backward_row b, word* pp, word* sp, index_t cols) {
+  alignas(64) static constexpr std::uint16_t interleave[32] = {0, 16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                               21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                               11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i order = _mm512_load_si512(interleave);
+  const __m512 total_a = _mm512_set1_ps(kernel::probabilities(a.pr, a.dp, a.keys, a.lse));
+  const __m512 total_b = _mm512_set1_ps(b.keys > 0 ? kernel::probabilities(b.pr, b.dp, b.keys, b.lse) : 0.0f);
+  for (index_t j = 0; j < cols; j += lanes) {
+    const __mmask16 ma = below(j, a.keys), mb = below(j, b.keys);
+    const __m512 pa = _mm512_maskz_loadu_ps(ma, a.pr + j), pb = _mm512_maskz_loadu_ps(mb, b.pr + j);
+    const __m512 ga = _mm512_maskz_mul_ps(ma, pa, _mm512_sub_ps(_mm512_maskz_loadu_ps(ma, a.dp + j), total_a));
+    const __m512 gb = _mm512_maskz_mul_ps(mb, pb, _mm512_sub_ps(_mm512_maskz_loadu_ps(mb, b.dp + j), total_b));
+    const __m512i p2 = round_two(pa, pb), s2 = round_two(ga, gb);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.ds + j), _mm512_maskz_extracti64x4_epi64(0xF, s2, 0));
+    if (b.keys > 0)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b.ds + j), _mm512_maskz_extracti64x4_epi64(0xF, s2, 1));
+    const __mmask16 words = vmath512::valid(j, cols);
+    _mm512_mask_storeu_epi32(pp + j, words, _mm512_permutexvar_epi16(order, p2));
+    _mm512_mask_storeu_epi32(sp + j, words, _mm512_permutexvar_epi16(order, s2));
+  }
+}
+
+}  // namespace paired
+
+#endif
+
+#endif
+
+#ifndef ETUDE_BF16_PAIRS
+namespace paired {
+// Callers check bf16_pairs::available() first; the declaration keeps their code one path on other CPUs.
+inline void backward_pair(backward_row, backward_row, bf16_pairs::word*, bf16_pairs::word*, index_t) {
+  throw error("cpu score_rows::paired::backward_pair: built for a CPU without AVX512_BF16; check available() first");
+}
+}  // namespace paired
 #endif
 
 // One forward score row (keys valid entries of scores already scaled): the probabilities
@@ -101,8 +210,12 @@ inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
   if constexpr (std::is_same_v<F, float>) {
     if (vmath512::available()) {
       const float mx = kernel::row_max(row, keys);
-      const float sum =
-          rb != nullptr ? kernel::softmax<true>(row, rb, keys, mx) : kernel::softmax<false>(row, rb, keys, mx);
+      float sum;
+      if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
+#ifdef ETUDE_BF16_PAIRS
+      else if (bf16_pairs::available()) sum = paired::softmax(row, rb, keys, mx);
+#endif
+      else sum = kernel::softmax<true>(row, rb, keys, mx);
       inv = 1.0f / sum;
       if (rb != nullptr) std::fill(rb + whole, rb + std::max(whole, width), bf16::from_bits(0));
       else std::fill(row + whole, row + std::max(whole, width), F(0.0));
