@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath512.hpp"
