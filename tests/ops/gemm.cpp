@@ -104,7 +104,68 @@ TEST_CASE("gemm_gelu is the product then gelu_fwd, bit for bit", "[ops]") {
   check_gemm_gelu<double>();
   check_gemm_gelu<float>();
   check_gemm_gelu<etude::bf16>();
-  STATIC_REQUIRE_FALSE(etude::ops::fuses_gemm_gelu<cpu>);
+  STATIC_REQUIRE(etude::ops::fuses_gemm_gelu<cpu>);
+}
+
+// GELU and its backward as epilogues of the bf16 kernels (cpu::gelu_epilogues(): each block of the
+// product looked up while in cache) against the product followed by the elementwise pass: the same
+// bits, on shapes that take each of the kernels' schedules (B packed once, packed in passes, packed
+// panel by panel), blocks cut short in rows and columns, a leading dimension wider than the product,
+// with the caller's workspace, without one, and inside a parallel region (each thread its own
+// product). Pre-activations of about ±2, where GELU bends.
+void check_gelu_epilogues(bool tb, index_t m, index_t n, index_t k, bool with_workspace, bool nested) {
+  using etude::bf16;
+  INFO("tb " << tb << " m " << m << " n " << n << " k " << k << " workspace " << with_workspace << " nested "
+             << nested << " epilogues " << cpu::gelu_epilogues());
+  const index_t ldc = n + 3, ldb = tb ? k : n;
+  const double s = 2.0 / std::pow(double(k), 0.25);
+  const auto a = stored<bf16>(random_vector(std::size_t(m * k), 51, s));
+  const auto b = stored<bf16>(random_vector(std::size_t(n * k), 52, s));
+  const auto other = stored<bf16>(random_vector(std::size_t(m * ldc), 53, 4.0));  // a pre-activation for dy
+  std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
+  float* w = with_workspace ? ws.data() : nullptr;
+  const std::size_t size = std::size_t(m * ldc);
+  std::vector<bf16> pre(size, bf16(7.0f)), act(size, bf16(7.0f)), dy(size, bf16(7.0f));
+  std::vector<bf16> want_pre = pre, want_act = act, want_dy = dy;
+  const int teams = nested ? 2 : 1;
+  const index_t part = (m + teams - 1) / teams;
+  // each of `teams` threads computes rows [t·part, ...) with a product of its own
+  auto run = [&](auto&& each) {
+#pragma omp parallel for num_threads(teams) if (nested)
+    for (int t = 0; t < teams; ++t) {
+      const index_t r0 = t * part, rows = std::min(m, r0 + part) - r0;
+      if (rows > 0) each(r0, rows);
+    }
+  };
+  run([&](index_t r0, index_t rows) {
+    cpu::gemm_gelu(false, tb, rows, n, k, a.data() + r0 * k, k, b.data(), ldb, pre.data() + r0 * ldc,
+                   act.data() + r0 * ldc, ldc, w);
+    cpu::gemm_gelu_bwd(false, tb, rows, n, k, a.data() + r0 * k, k, b.data(), ldb, dy.data() + r0 * ldc,
+                       other.data() + r0 * ldc, ldc, w);
+  });
+  cpu::gemm(false, tb, m, n, k, 1.0, a.data(), k, b.data(), ldb, 0.0, want_pre.data(), ldc, ws.data());
+  cpu::gemm(false, tb, m, n, k, 1.0, a.data(), k, b.data(), ldb, 0.0, want_dy.data(), ldc, ws.data());
+  for (index_t r = 0; r < m; ++r) {
+    cpu::gelu_fwd(want_act.data() + r * ldc, want_pre.data() + r * ldc, n);
+    cpu::gelu_bwd(want_dy.data() + r * ldc, other.data() + r * ldc, n);
+  }
+  CHECK(std::memcmp(pre.data(), want_pre.data(), size * sizeof(bf16)) == 0);
+  CHECK(std::memcmp(act.data(), want_act.data(), size * sizeof(bf16)) == 0);
+  CHECK(std::memcmp(dy.data(), want_dy.data(), size * sizeof(bf16)) == 0);
+  // the values GELU bends over were met: some pre-activations in (−2, 2) away from 0
+  index_t bent = 0;
+  for (const bf16 v : pre) bent += std::abs(float(v)) > 0.25f && std::abs(float(v)) < 2.0f;
+  CHECK(bent > m * n / 4);
+}
+
+TEST_CASE("GELU and its backward as epilogues of the bf16 products are the product then the elementwise pass, "
+          "bit for bit",
+          "[ops]") {
+  check_gelu_epilogues(true, 203, 150, 70, true, false);     // B packed once, blocks of 96 rows and a short one
+  check_gelu_epilogues(false, 700, 600, 3000, true, false);  // B in passes: more panels than the workspace holds
+  check_gelu_epilogues(false, 90, 520, 3100, true, false);   // panel by panel: B too large, A small
+  check_gelu_epilogues(true, 61, 77, 33, false, false);      // no workspace: the thread's own buffer, odd k
+  check_gelu_epilogues(true, 97, 130, 64, true, true);       // two products side by side in a parallel region
 }
 
 // Products of two bf16 operands go to oneDNN's matmul in a program that links etude::dnnl, on a CPU

@@ -43,17 +43,27 @@ void check_all_gradients(index_t batch = 2, index_t frames = 5) {
 }
 
 // The CPU op set declaring both fusions (ops/layernorm.hpp, ops/gemm.hpp), as CUDA does: the
-// transformer then takes its fused path (output projection into scratch, residual_layernorm_fwd,
-// gemm_gelu), which no GPU-less run would otherwise execute.
+// transformer then takes its fused path (output projection into scratch, residual_layernorm_fwd),
+// which no GPU-less run would otherwise execute. The CPU itself declares the GELU epilogues only.
 struct fused_cpu : etude::backend::cpu {
   static constexpr bool fuses_residual_layernorm = true;
   static constexpr bool fuses_gemm_gelu = true;
+};
+// And declaring neither: the transformer's pairs of ops (gemm then gelu_fwd, gemm then gelu_bwd).
+struct plain_cpu : etude::backend::cpu {
+  static constexpr bool fuses_residual_layernorm = false;
+  static constexpr bool fuses_gemm_gelu = false;
 };
 
 }  // namespace
 
 template <>
 class etude::step_executor<fused_cpu> : public etude::step_executor<etude::backend::cpu> {
+ public:
+  using step_executor<etude::backend::cpu>::step_executor;
+};
+template <>
+class etude::step_executor<plain_cpu> : public etude::step_executor<etude::backend::cpu> {
  public:
   using step_executor<etude::backend::cpu>::step_executor;
 };
@@ -81,6 +91,45 @@ TEST_CASE("gradients: the transformer's fused path (residual LayerNorm, GELU epi
   STATIC_REQUIRE(etude::ops::fuses_residual_layernorm<fused_cpu>);
   STATIC_REQUIRE(etude::ops::fuses_gemm_gelu<fused_cpu>);
   check_gradients_on<pat::delay<0, 1, 2, 3>, fused_cpu>(2, 5);
+}
+
+TEST_CASE("gradients: the transformer's unfused path (no backend fusion declared)", "[gradcheck]") {
+  STATIC_REQUIRE_FALSE(etude::ops::fuses_gemm_gelu<plain_cpu>);
+  STATIC_REQUIRE(etude::ops::fuses_gemm_gelu<etude::backend::cpu>);
+  check_gradients_on<pat::delay<0, 1, 2, 3>, plain_cpu>(2, 5);
+}
+
+// The CPU's GELU epilogues are bit-identical to the pairs they stand for: a bf16 step (where the
+// CPU has AVX512_BF16, its epilogues; elsewhere the pairs again) and an fp32 one give the same
+// per-codebook losses and gradients, bit for bit, with the fusion declared and without, under every checkpoint policy
+// (recomputation takes gemm_gelu again, or the pair where only one slot is recomputed).
+template <class Policy, class Backend, class Ckpt>
+std::vector<double> step_gradients(const etude::token_batch& data, std::vector<double>& ce_q) {
+  using cfg = etude::train_config<etude::model<tiny, pat::delay<0, 1, 2, 3>>, Policy, Ckpt>;
+  etude::trainer<cfg, Backend> tr;
+  ce_q = tr.loss_and_gradients(data).ce_q;
+  std::vector<double> g;
+  for (const auto v : tr.gradients()) g.push_back(static_cast<double>(v));
+  return g;
+}
+
+template <class Policy, class Ckpt>
+void check_gelu_fusion_bits() {
+  const auto data = padded_batch(3, 6, 23);
+  std::vector<double> fused_ce, plain_ce;
+  const auto fused = step_gradients<Policy, etude::backend::cpu, Ckpt>(data, fused_ce);
+  const auto plain = step_gradients<Policy, plain_cpu, Ckpt>(data, plain_ce);
+  CHECK(fused_ce == plain_ce);
+  CHECK(fused == plain);
+  CHECK(std::any_of(fused.begin(), fused.end(), [](double v) { return v != 0.0; }));
+}
+
+TEST_CASE("the CPU's GELU epilogues give the unfused step's loss and gradients, bit for bit", "[gradcheck]") {
+  INFO("GELU as epilogues of the bf16 kernels: " << etude::backend::cpu::gelu_epilogues());
+  check_gelu_fusion_bits<etude::precision::bf16, etude::checkpointing::none>();
+  check_gelu_fusion_bits<etude::precision::bf16, etude::checkpointing::every_layer>();
+  check_gelu_fusion_bits<etude::precision::bf16, etude::checkpointing::selective>();
+  check_gelu_fusion_bits<etude::precision::fp32, etude::checkpointing::none>();
 }
 
 // Recomputation under a checkpoint policy must give the bits the forward gave, on the fused path

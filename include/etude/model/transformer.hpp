@@ -497,10 +497,16 @@ struct transformer {
       if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd, obs);
       mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
       obs(site("ffn_down/dw", l, ph, param_kind::ffn_down), {grad(g, param_kind::ffn_down, l)});
-      mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
-      obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_act", dffn, rows, FF)});
-      Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
-      obs(site("gelu", l, ph), {rows_of("dffn_pre", dffn, rows, FF)});
+      if constexpr (ops::fuses_gemm_gelu<Backend>) {
+        Backend::gemm_gelu_bwd(false, false, rows, FF, D, dx, D, param(p, param_kind::ffn_down, l), FF, dffn,
+                               a.ffn_pre, FF, ws.gemm);
+        obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_pre", dffn, rows, FF)});
+      } else {
+        mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
+        obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_act", dffn, rows, FF)});
+        Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
+        obs(site("gelu", l, ph), {rows_of("dffn_pre", dffn, rows, FF)});
+      }
       mm(ws, true, false, FF, D, rows, 1.0, dffn, FF, a.ln2, D, 1.0, param(g, param_kind::ffn_up, l), D);
       obs(site("ffn_up/dw", l, ph, param_kind::ffn_up), {grad(g, param_kind::ffn_up, l)});
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);

@@ -8,10 +8,13 @@
 //   gemm_gelu(ta, tb, m, n, k, A, lda, B, ldb, pre, act, ldc)
 //       pre(m, n) = op(A)·op(B), act = GELU(pre) (exact erf, as gelu_fwd); bit-identical to gemm
 //       with alpha 1, beta 0 followed by gelu_fwd(act, pre).
+//   gemm_gelu_bwd(ta, tb, m, n, k, A, lda, B, ldb, dy, pre, ldc)
+//       dy(m, n) = op(A)·op(B), then dy = dy·GELU'(pre); bit-identical to gemm with alpha 1, beta 0
+//       into dy followed by gelu_bwd(dy, pre): the FFN's backward through its down-projection.
 // Fusion capability: a backend that declares `static constexpr bool fuses_gemm_gelu = true` has
-// a gemm_gelu worth calling instead of the two ops (an epilogue, one launch fewer); the model asks
-// at compile time (fuses_gemm_gelu<B>) and calls the pair otherwise. Every backend implements the
-// fused form, the CPU as the pair.
+// a gemm_gelu and a gemm_gelu_bwd worth calling instead of the two ops (an epilogue, one launch or
+// one pass over memory fewer); the model asks at compile time (fuses_gemm_gelu<B>) and calls the
+// pairs otherwise. Every backend implements the fused forms, where need be as the pairs.
 #pragma once
 
 #include <concepts>
@@ -30,6 +33,7 @@ concept gemm_op = requires(const typename Policy::param_t* w, typename Policy::a
   B::gemm(t, t, n, n, n, s, a, n, w, n, s, a, n, ws);  // activations from weights
   B::gemm(t, t, n, n, n, s, a, n, a, n, s, g, n, ws);  // weight gradients from activations
   B::gemm_gelu(t, t, n, n, n, a, n, w, n, a, a, n);
+  B::gemm_gelu_bwd(t, t, n, n, n, a, n, w, n, a, a, n);
 };
 
 }  // namespace etude::ops

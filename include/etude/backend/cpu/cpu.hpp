@@ -55,7 +55,8 @@ struct cpu : cpu_gemm,
   // Bytes the backend holds outside the trainer's buffers (a caching allocator's reserve, a
   // library handle's workspace): none on the CPU.
   static constexpr index_t reserve_bytes = 0;
-  static constexpr bool fuses_gemm_gelu = false;
+  // GELU and its backward as epilogues of the bf16 products (cpu_gemm::gemm_gelu, gemm_gelu_bwd)
+  static constexpr bool fuses_gemm_gelu = true;
   static constexpr bool fuses_residual_layernorm = false;
 };
 

@@ -107,10 +107,10 @@ struct cpu_elementwise {
     }
   }
 
- private:
   // The tables of a 16-bit type, indexed by its bits, made on first use (a static: once per
-  // process, 128 KiB and 256 KiB). The codes' table has one entry more than it indexes: the
-  // lookup gathers 32-bit words at 2-byte steps.
+  // process, 128 KiB and 256 KiB): GELU's codes and GELU's slopes. The codes' table has one entry
+  // more than it indexes: the lookup gathers 32-bit words at 2-byte steps. (Also the GELU
+  // epilogues of the bf16 products, cpu_gemm.)
   template <class X>
   static const std::uint16_t* gelu_codes() {
     static const std::vector<std::uint16_t> table = [] {
@@ -133,6 +133,8 @@ struct cpu_elementwise {
     }();
     return table.data();
   }
+
+ private:
   static constexpr index_t codes_16 = index_t{1} << 16;
 };
 

@@ -7,7 +7,8 @@
 // in a program that links etude::dnnl where oneDNN multiplies natively (AMX, say); any other
 // 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
 // multiplies them as float products. float_products() and bf16_products() name the paths taken.
-// The GELU epilogue is the product followed by gelu_fwd (the CPU declares no fusion).
+// GELU and its backward are epilogues of the bf16 kernels (gemm_gelu, gemm_gelu_bwd; the same bits
+// as the product followed by the elementwise pass, which other paths take).
 #pragma once
 
 #include <algorithm>
@@ -100,8 +101,7 @@ struct cpu_gemm {
   static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, double alpha, const TA* a,
                    index_t lda, const TB* b, index_t ldb, double beta, TC* c, index_t ldc,
                    float* workspace = nullptr) {
-    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
-      throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
+    check_range(m, n, k, lda, ldb, ldc);
     if (m == 0 || n == 0) return;
     if constexpr (gemm_is_blas<TA, TB, TC>) {
       dense(trans_a, trans_b, m, n, k, static_cast<TA>(alpha), a, lda, b, ldb, static_cast<TA>(beta), c, ldc);
@@ -111,8 +111,7 @@ struct cpu_gemm {
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (own_bf16_products()) {
           cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
-                                       static_cast<float>(beta), c, ldc, workspace,
-                                       workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float));
+                                       static_cast<float>(beta), c, ldc, workspace, workspace_bytes(workspace));
           return;
         }
       }
@@ -121,7 +120,7 @@ struct cpu_gemm {
         if (k > 0 && cpu_detail::dnnl_gemm::instance().run(
                          cpu_detail::dnnl_operands::bf16, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda,
                          b, ldb, static_cast<float>(beta), c, ldc, std::is_same_v<TC, bf16>, workspace,
-                         workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float)))
+                         workspace_bytes(workspace)))
           return;
       }
 #endif
@@ -150,10 +149,23 @@ struct cpu_gemm {
     cpu_detail::blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
-  // pre(m, n) = op(A)·op(B); act = GELU(pre), both with leading dimension ldc.
+  // pre(m, n) = op(A)·op(B); act = GELU(pre), both with leading dimension ldc. On etude's bf16
+  // kernels with bf16 activations GELU is the epilogue of each block of pre, looked up while the
+  // block is in the core's cache; otherwise the product, then gelu_fwd. The same bits either way.
   template <class TA, class TB, class TC>
   static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
                         const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc, float* workspace = nullptr) {
+#ifdef ETUDE_VMATH512
+    if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
+      if (gelu_epilogues()) {
+        check_range(m, n, k, lda, ldb, ldc);
+        cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc, workspace,
+                                     workspace_bytes(workspace),
+                                     cpu_detail::gelu_lookup::block_gelu{pre, act, cpu_elementwise::gelu_codes<bf16>()});
+        return;
+      }
+    }
+#endif
     gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, pre, ldc, workspace);
     if (ldc == n) {
       cpu_elementwise::gelu_fwd(act, pre, m * n);
@@ -162,7 +174,51 @@ struct cpu_gemm {
     }
   }
 
+  // dy(m, n) = op(A)·op(B), then dy = dy·GELU'(pre), both with leading dimension ldc: GELU's
+  // backward as the product's epilogue on etude's bf16 kernels with bf16 activations, otherwise
+  // the product, then gelu_bwd. The same bits either way.
+  template <class TA, class TB, class TC>
+  static void gemm_gelu_bwd(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                            const TB* b, index_t ldb, TC* dy, const TC* pre, index_t ldc, float* workspace = nullptr) {
+#ifdef ETUDE_VMATH512
+    if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
+      if (gelu_epilogues()) {
+        check_range(m, n, k, lda, ldb, ldc);
+        cpu_detail::bf16_pairs::gemm(
+            trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, dy, ldc, workspace, workspace_bytes(workspace),
+            cpu_detail::gelu_lookup::block_gelu_slope{dy, pre, cpu_elementwise::gelu_slopes<bf16>()});
+        return;
+      }
+    }
+#endif
+    gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, dy, ldc, workspace);
+    if (ldc == n) {
+      cpu_elementwise::gelu_bwd(dy, pre, m * n);
+    } else {
+      for (index_t r = 0; r < m; ++r) cpu_elementwise::gelu_bwd(dy + r * ldc, pre + r * ldc, n);
+    }
+  }
+
+  // Whether gemm_gelu and gemm_gelu_bwd of bf16 run GELU as the epilogue of etude's bf16 kernels
+  // in this process (else as a pass after the product).
+  static bool gelu_epilogues() {
+#ifdef ETUDE_VMATH512
+    return own_bf16_products() && cpu_detail::vmath512::available();
+#else
+    return false;
+#endif
+  }
+
  private:
+  static void check_range(index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc) {
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+      throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
+  }
+  // Bytes of a caller's workspace (gemm_workspace_floats floats), 0 without one.
+  static std::size_t workspace_bytes(const float* workspace) {
+    return workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float);
+  }
+
   static std::atomic<bool>& own_enabled() {
     static std::atomic<bool> on = [] {
       const char* env = std::getenv("ETUDE_BF16_GEMM");

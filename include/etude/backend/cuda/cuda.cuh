@@ -105,6 +105,19 @@ struct cuda : cuda_condition, cuda_cross_attention {
     ::etude::cuda::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc);
     ::etude::cuda::gelu_rows(act, pre, m, n, ldc);
   }
+  // dy(m, n) = op(A)·op(B), then dy = dy·GELU'(pre), both with leading dimension ldc: the product,
+  // then the elementwise kernel (over the whole matrix when it is dense, else row by row).
+  template <class TA, class TB, class TC>
+  static void gemm_gelu_bwd(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                            const TB* b, index_t ldb, TC* dy, const TC* pre, index_t ldc,
+                            float* /*workspace*/ = nullptr) {
+    ::etude::cuda::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, dy, ldc);
+    if (ldc == n) {
+      ::etude::cuda::gelu_bwd(dy, pre, m * n);
+    } else {
+      for (index_t r = 0; r < m; ++r) ::etude::cuda::gelu_bwd(dy + r * ldc, pre + r * ldc, n);
+    }
+  }
 
   // ---- elementwise ------------------------------------------------------------------------------------
   template <class D, class S>

@@ -67,6 +67,17 @@ inline word* own_words(std::vector<word>& v, index_t words) {
 
 }  // namespace gemm_detail
 
+// What gemm does with a block of C once its values are final: nothing, or (an epilogue) a pass over
+// it while it is in the core's caches, post(c, ldc, rows, cols) for the block at c, on the thread
+// that computed it: a block of about block_rows rows by the panels a thread took for them (all of
+// C's columns for the step's products), or by one panel in the panel-by-panel schedule. Every
+// output is in exactly one block. GELU after the FFN's products in 64-column blocks made the
+// epilogue slower than a pass of its own (the rows' scattered writes); by whole rows it is faster.
+struct no_post {
+  template <class TC>
+  void operator()(TC*, index_t, index_t, index_t) const {}
+};
+
 // C = alpha·op(A)·op(B) + beta·C, row-major, any shape and strides; beta = 0 never reads C.
 // Requires available(). Runs on a team it opens, or on the calling thread inside a parallel
 // region. The workspace (may be null) holds the packed operand shared by the team; without one
@@ -76,10 +87,12 @@ inline word* own_words(std::vector<word>& v, index_t words) {
 // and threads share them, taking blocks of rows. Where they do not (a weight gradient's activations:
 // k·n large) and op(A) is the smaller and fits in cache, each thread packs the panels it takes into
 // a buffer of its own and multiplies every row by them, op(A) paired once into the room when it is
-// not read in place. Otherwise B is packed in passes of as many panels as fit.
-template <class TC>
+// not read in place. Otherwise B is packed in passes of as many panels as fit. `post` (above) sees
+// every block of C once, after its last addition.
+template <class TC, class Post = no_post>
 void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const bf16* a, index_t lda,
-          const bf16* b, index_t ldb, float beta, TC* c, index_t ldc, void* workspace, std::size_t workspace_bytes) {
+          const bf16* b, index_t ldb, float beta, TC* c, index_t ldc, void* workspace, std::size_t workspace_bytes,
+          const Post& post = {}) {
   static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>, "bf16_pairs::gemm writes float or bf16");
   using gemm_detail::a_words;
   if (m <= 0 || n <= 0) return;
@@ -118,8 +131,9 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
         gemm_detail::pack_panel(panel, trans_b, b, ldb, k, n, j);
         for (index_t i0 = 0; i0 < m; i0 += block_rows) {
           const a_words at = whole.from(i0);
-          product(std::min(block_rows, m - i0), cols, pairs, alpha, at.a, at.row, at.pair, panel, panel_columns, beta,
-                  c + i0 * ldc + j, ldc);
+          const index_t rows = std::min(block_rows, m - i0);
+          product(rows, cols, pairs, alpha, at.a, at.row, at.pair, panel, panel_columns, beta, c + i0 * ldc + j, ldc);
+          post(c + i0 * ldc + j, ldc, rows, cols);
         }
       }
     }
@@ -155,10 +169,12 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
                                     : gemm_detail::pair_rows_of_a(gemm_detail::own_words(mine, pairs * padded(rows)),
                                                                   padded(rows), trans_a, a, lda, k, i0, rows);
         for (index_t q = q0; q < q1; ++q) {
-          const index_t j = (p0 + q) * panel_columns;
-          product(rows, std::min(panel_columns, n - j), pairs, alpha, at.a, at.row, at.pair, shared + q * panel_words,
-                  panel_columns, beta, c + i0 * ldc + j, ldc);
+          const index_t j = (p0 + q) * panel_columns, cols = std::min(panel_columns, n - j);
+          product(rows, cols, pairs, alpha, at.a, at.row, at.pair, shared + q * panel_words, panel_columns, beta,
+                  c + i0 * ldc + j, ldc);
         }
+        const index_t j0 = (p0 + q0) * panel_columns, j1 = std::min(n, (p0 + q1) * panel_columns);
+        post(c + i0 * ldc + j0, ldc, rows, j1 - j0);
       }
     }
   }
