@@ -1,8 +1,11 @@
-// The input embedding on the CPU: the codebook sum's backward against central differences, the
-// positions against AudioCraft's formula.
+// The input embedding on the CPU: the codebook sum's backward against central differences and
+// against the plain loop's order, bit for bit; the positions against AudioCraft's formula.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -43,4 +46,43 @@ TEST_CASE("sinusoidal positions: cos first, half-1 in the exponent", "[ops]") {
       CHECK(pos[static_cast<std::size_t>(s * dim + j)] == Approx(std::cos(phase)).epsilon(1e-14));
       CHECK(pos[static_cast<std::size_t>(s * dim + dim / 2 + j)] == Approx(std::sin(phase)).epsilon(1e-14));
     }
+}
+
+// The backward's sums in position order, whatever the thread count: against the plain loop over
+// positions (each table row's additions in that order, rounded to the gradient's type each time),
+// bit for bit, onto gradients already holding values (+=), with tokens repeated many times, some
+// never seen, and a special token above the others; float and bf16 gradients, one thread and two.
+template <class G>
+void check_embedding_order(int threads) {
+  const index_t batch = 3, steps = 101, dim = 40;
+  const int k = 3, card = 60;
+  etude::rng r(17);
+  std::vector<etude::token_t> seq(static_cast<std::size_t>(batch * k * steps));
+  for (auto& t : seq) t = static_cast<etude::token_t>(r.below(4) == 0 ? card : r.below(card / 2));
+  std::vector<etude::bf16> dx(static_cast<std::size_t>(batch * steps * dim));
+  for (auto& v : dx) v = etude::bf16(static_cast<float>(r.uniform(-1.0, 1.0)));
+  const std::size_t table = static_cast<std::size_t>((card + 1) * dim);
+  std::vector<G> got(k * table), want(k * table);
+  for (std::size_t i = 0; i < got.size(); ++i) got[i] = want[i] = G(static_cast<float>(r.uniform(-1.0, 1.0)));
+  std::vector<G*> tables(k);
+  for (int c = 0; c < k; ++c) tables[std::size_t(c)] = got.data() + c * table;
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  cpu::embedding_bwd(tables.data(), dx.data(), seq.data(), batch, k, steps, dim);
+  omp_set_num_threads(before);
+  for (int c = 0; c < k; ++c)
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t s = 0; s < steps; ++s) {
+        G* row = want.data() + c * table + std::size_t(seq[std::size_t((b * k + c) * steps + s)]) * dim;
+        for (index_t j = 0; j < dim; ++j)
+          row[j] = G(static_cast<float>(row[j]) + static_cast<float>(dx[std::size_t((b * steps + s) * dim + j)]));
+      }
+  CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(G)) == 0);
+}
+
+TEST_CASE("embedding backward: each table row's sums in position order, for any thread count", "[ops]") {
+  for (int threads : {1, 2}) {
+    check_embedding_order<float>(threads);
+    check_embedding_order<etude::bf16>(threads);
+  }
 }

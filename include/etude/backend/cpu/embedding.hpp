@@ -1,9 +1,10 @@
 // The CPU's input embedding (spec: ops/embedding.hpp): sinusoidal positions, the codebook sum and
-// its deterministic backward (each thread owns columns; positions in order).
+// its deterministic backward (each table row's additions in position order).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/core/types.hpp"
@@ -55,25 +56,50 @@ struct cpu_embedding {
     }
   }
 
-  // dtable_k(seq(b, k, s), :) += dx(b, s, :). Each thread owns a slice of columns and walks the
-  // positions in order, so the sum order never depends on the thread count.
+  // dtable_k(seq(b, k, s), :) += dx(b, s, :), each table row's additions in position order, so the
+  // sums never depend on the thread count. The positions are grouped by token first (a stable
+  // counting sort per codebook), and a thread takes a token's whole row and adds its positions'
+  // rows of dx to it in order while the row stays in cache. (Walking all positions per slice of
+  // columns met each table row again for each slice: tiny's shape from cold caches, 2 threads,
+  // 1.0–1.3 ms against 0.43–0.49, the same bits.)
   template <class G, class X>
   static void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t batch,
                             int codebooks, index_t steps, index_t dim) {
     using F = cpu_detail::compute_of<G>;
-    constexpr index_t chunk = 16;
-    const index_t chunks = (dim + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int k = 0; k < codebooks; ++k)
-      for (index_t c = 0; c < chunks; ++c) {
-        const index_t j0 = c * chunk, j1 = std::min(dim, j0 + chunk);
-        for (index_t r = 0; r < batch * steps; ++r) {
-          const index_t b = r / steps, s = r % steps;
-          G* row = dtables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim;
-          const X* g = dx + r * dim;
-          for (index_t j = j0; j < j1; ++j) row[j] = cpu_detail::cv<G>(cpu_detail::cv<F>(row[j]) + cpu_detail::cv<F>(g[j]));
-        }
+    const index_t rows = batch * steps;
+    if (rows <= 0 || dim <= 0) return;
+    // by_token[k·rows + i]: codebook k's positions by token, in order within a token; runs: where
+    // each (codebook, token) group starts, then the end of the last
+    thread_local std::vector<index_t> by_token, runs, count;
+    by_token.resize(static_cast<std::size_t>(codebooks * rows));
+    runs.clear();
+    for (int k = 0; k < codebooks; ++k) {
+      auto token = [&](index_t r) { return static_cast<index_t>(seq[(r / steps * codebooks + k) * steps + r % steps]); };
+      index_t top = 0;
+      for (index_t r = 0; r < rows; ++r) top = std::max(top, token(r));
+      count.assign(static_cast<std::size_t>(top + 2), 0);
+      for (index_t r = 0; r < rows; ++r) ++count[static_cast<std::size_t>(token(r) + 1)];
+      for (index_t t = 0; t <= top; ++t) {
+        if (count[static_cast<std::size_t>(t + 1)] > 0) runs.push_back(k * rows + count[static_cast<std::size_t>(t)]);
+        count[static_cast<std::size_t>(t + 1)] += count[static_cast<std::size_t>(t)];
       }
+      index_t* out = by_token.data() + k * rows;
+      for (index_t r = 0; r < rows; ++r) out[count[static_cast<std::size_t>(token(r))]++] = r;
+    }
+    runs.push_back(codebooks * rows);
+    const index_t groups = static_cast<index_t>(runs.size()) - 1;
+    const index_t* order = by_token.data();
+    const index_t* starts = runs.data();
+#pragma omp parallel for schedule(dynamic, 16) if (rows * dim * codebooks > cpu_detail::parallel_min)
+    for (index_t i = 0; i < groups; ++i) {
+      const index_t k = starts[i] / rows, first = order[starts[i]];
+      G* row = dtables[k] + static_cast<index_t>(seq[(first / steps * codebooks + k) * steps + first % steps]) * dim;
+      for (index_t at = starts[i]; at < starts[i + 1]; ++at) {
+        const X* g = dx + order[at] * dim;
+#pragma omp simd
+        for (index_t j = 0; j < dim; ++j) row[j] = cpu_detail::cv<G>(cpu_detail::cv<F>(row[j]) + cpu_detail::cv<F>(g[j]));
+      }
+    }
   }
 };
 
