@@ -155,23 +155,7 @@ struct cpu_gemm {
   template <class TA, class TB, class TC>
   static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
                         const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc, float* workspace = nullptr) {
-#ifdef ETUDE_VMATH512
-    if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
-      if (gelu_epilogues()) {
-        check_range(m, n, k, lda, ldb, ldc);
-        cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc, workspace,
-                                     workspace_bytes(workspace),
-                                     cpu_detail::gelu_lookup::block_gelu{pre, act, cpu_elementwise::gelu_codes<bf16>()});
-        return;
-      }
-    }
-#endif
-    gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, pre, ldc, workspace);
-    if (ldc == n) {
-      cpu_elementwise::gelu_fwd(act, pre, m * n);
-    } else {
-      for (index_t r = 0; r < m; ++r) cpu_elementwise::gelu_fwd(act + r * ldc, pre + r * ldc, n);
-    }
+    gemm_then_gelu<true>(trans_a, trans_b, m, n, k, a, lda, b, ldb, pre, act, ldc, workspace);
   }
 
   // dy(m, n) = op(A)·op(B), then dy = dy·GELU'(pre), both with leading dimension ldc: GELU's
@@ -180,23 +164,7 @@ struct cpu_gemm {
   template <class TA, class TB, class TC>
   static void gemm_gelu_bwd(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
                             const TB* b, index_t ldb, TC* dy, const TC* pre, index_t ldc, float* workspace = nullptr) {
-#ifdef ETUDE_VMATH512
-    if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
-      if (gelu_epilogues()) {
-        check_range(m, n, k, lda, ldb, ldc);
-        cpu_detail::bf16_pairs::gemm(
-            trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, dy, ldc, workspace, workspace_bytes(workspace),
-            cpu_detail::gelu_lookup::block_gelu_slope{dy, pre, cpu_elementwise::gelu_slopes<bf16>()});
-        return;
-      }
-    }
-#endif
-    gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, dy, ldc, workspace);
-    if (ldc == n) {
-      cpu_elementwise::gelu_bwd(dy, pre, m * n);
-    } else {
-      for (index_t r = 0; r < m; ++r) cpu_elementwise::gelu_bwd(dy + r * ldc, pre + r * ldc, n);
-    }
+    gemm_then_gelu<false>(trans_a, trans_b, m, n, k, a, lda, b, ldb, dy, pre, ldc, workspace);
   }
 
   // Whether gemm_gelu and gemm_gelu_bwd of bf16 run GELU as the epilogue of etude's bf16 kernels
@@ -210,6 +178,35 @@ struct cpu_gemm {
   }
 
  private:
+  // C = op(A)·op(B), then GELU's lookup with `twin` (the same layout): act = GELU(C) into twin
+  // (Forward), or C = C·GELU'(twin). As the epilogue of etude's bf16 kernels, or after the product.
+  template <bool Forward, class TA, class TB, class TC>
+  static void gemm_then_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                             const TB* b, index_t ldb, TC* c, std::conditional_t<Forward, TC*, const TC*> twin,
+                             index_t ldc, float* workspace) {
+#ifdef ETUDE_VMATH512
+    if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
+      if (gelu_epilogues()) {
+        check_range(m, n, k, lda, ldb, ldc);
+        const auto product = [&](const auto& post) {
+          cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, workspace,
+                                       workspace_bytes(workspace), post);
+        };
+        if constexpr (Forward) product(cpu_detail::gelu_lookup::block_gelu{c, twin, cpu_elementwise::gelu_codes<bf16>()});
+        else product(cpu_detail::gelu_lookup::block_gelu_slope{c, twin, cpu_elementwise::gelu_slopes<bf16>()});
+        return;
+      }
+    }
+#endif
+    gemm(trans_a, trans_b, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, workspace);
+    // dense: one pass over m·n; else row by row
+    const index_t passes = ldc == n ? 1 : m, len = ldc == n ? m * n : n;
+    for (index_t r = 0; r < passes; ++r) {
+      if constexpr (Forward) cpu_elementwise::gelu_fwd(twin + r * ldc, c + r * ldc, len);
+      else cpu_elementwise::gelu_bwd(c + r * ldc, twin + r * ldc, len);
+    }
+  }
+
   static void check_range(index_t m, index_t n, index_t k, index_t lda, index_t ldb, index_t ldc) {
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
       throw error("cpu::gemm: a dimension exceeds the 32-bit range of CBLAS; use smaller microbatches");
