@@ -12,7 +12,6 @@
 
 #include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
-#include "etude/backend/cpu/detail/score_rows.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
@@ -89,7 +88,7 @@ struct cpu_softmax_xent {
   }
 
   // row[j] = e[j]·scale, rounded once to the logits' type; bf16 two vectors at a time where the
-  // CPU has AVX512_BF16 (score_rows::paired::round_two: the same bits, half the rounding's
+  // CPU has AVX512_BF16 (bf16_pairs::kernel::round_two: the same bits, half the rounding's
   // instructions).
   template <class L, class F>
   static void gradients(L* row, const F* e, index_t card, F scale) {
@@ -112,7 +111,7 @@ struct cpu_softmax_xent {
     for (; j + 2 * vm::lanes <= card; j += 2 * vm::lanes) {
       const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(e + j), s);
       const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(e + j + vm::lanes), s);
-      _mm512_storeu_si512(row + j, cpu_detail::score_rows::paired::round_two(x0, x1));
+      _mm512_storeu_si512(row + j, cpu_detail::bf16_pairs::kernel::round_two(x0, x1));
     }
     for (; j < card; j += vm::lanes) {
       const __mmask16 m = vm::valid(j, card);

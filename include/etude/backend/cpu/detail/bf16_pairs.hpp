@@ -180,22 +180,25 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
   _mm256_mask_storeu_epi16(o, m, round_to_bf16(x));
 }
 
-// o[0..32) = x0, x1 rounded to bf16 by one vcvtne2ps2bf16, which rounds as bf16(float) does (to
-// nearest even, NaN quietened) but reads subnormal floats as zero: a pair holding one goes through
-// round_to_bf16 instead. Half the rounding's instructions of store(), which a short reduction
-// feels: tiny bf16's forward projections and heads (K = 256, bf16 out) 41.3–43.7 → 38.6–39.9 ms a
-// step, 5% faster alone (402 → 421 GFLOP/s); small's (K = 512) did not measurably change.
-ETUDE_BF16_PAIRS_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
+// x0 and x1 rounded to bf16, x0's 16 values in the low 256 bits: one vcvtne2ps2bf16, which rounds
+// as bf16(float) does (to nearest even, NaN quietened) but reads subnormal floats as zero, so two
+// vectors holding one go through round_to_bf16 instead. Half the rounding's instructions, in the
+// kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
+ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), exponent = _mm512_set1_epi32(0x7f800000);
   const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
   const __mmask16 sub0 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u0, magnitude), u0, exponent);
   const __mmask16 sub1 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u1, magnitude), u1, exponent);
-  if ((sub0 | sub1) != 0) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), round_to_bf16(x0));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + lanes), round_to_bf16(x1));
-    return;
-  }
-  _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+  if ((sub0 | sub1) != 0)
+    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(round_to_bf16(x0)), round_to_bf16(x1), 1);
+  return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+}
+
+// o[0..32) = x0, x1 rounded to bf16 (round_two). A short reduction feels the rounding: tiny bf16's
+// forward projections and heads (K = 256, bf16 out) 41.3–43.7 → 38.6–39.9 ms a step, 5% faster
+// alone (402 → 421 GFLOP/s); small's (K = 512) did not measurably change.
+ETUDE_BF16_PAIRS_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
+  _mm512_storeu_si512(o, round_two(x0, x1));
 }
 
 // Rows × (16·V) outputs in registers; `last` masks the final vector's columns. W is a word of bf16

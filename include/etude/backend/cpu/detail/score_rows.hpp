@@ -113,26 +113,16 @@ ETUDE_VMATH512_TARGET inline void backward(float* pr, const float* dp, D* ds, in
 
 #ifdef ETUDE_BF16_PAIRS
 
-// The bf16 dot path's rounding (where bf16_pairs::available()): vcvtne2ps2bf16 rounds two vectors
-// in one instruction as bf16(float) does, except that it reads subnormal floats as zero; two
-// vectors holding one take round_to_bf16 instead (bf16_pairs::kernel::store_pair's rule). Half the
-// instructions of rounding by integer arithmetic, in loops where a score's rounding cost as much as
-// a third of its exponential.
+// The bf16 dot path's rounding (where bf16_pairs::available()): two vectors at a time by
+// bf16_pairs::kernel::round_two (vcvtne2ps2bf16; a pair holding a subnormal float by
+// round_to_bf16), half the instructions of rounding by integer arithmetic, in loops where a
+// score's rounding cost as much as a third of its exponential.
 namespace paired {
 
 using bf16_pairs::word;
 
 // x0's 16 values rounded into the low 256 bits, x1's into the high ones.
-ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), exponent = _mm512_set1_epi32(0x7f800000);
-  const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
-  const __mmask16 sub0 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u0, magnitude), u0, exponent);
-  const __mmask16 sub1 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u1, magnitude), u1, exponent);
-  if ((sub0 | sub1) != 0)
-    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(vmath512::round_to_bf16(x0)),
-                                    vmath512::round_to_bf16(x1), 1);
-  return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-}
+using bf16_pairs::kernel::round_two;
 
 // The lanes of the vector at j below n, none once j ≥ n.
 ETUDE_BF16_PAIRS_TARGET inline __mmask16 below(index_t j, index_t n) {
