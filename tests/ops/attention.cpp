@@ -521,9 +521,10 @@ TEST_CASE("attention's score rows are within a few roundings of double, zero pas
 }
 
 // The bf16 dot path rounds P and dS two vectors at a time (vcvtne2ps2bf16, which reads subnormal
-// floats as zero, with round_to_bf16 for a pair holding one) and pairs two rows' values in words
-// for the transposed products: the same bits as the row-at-a-time kernels and bf16(float), with
-// scores reaching e^-104 (subnormal probabilities), rows of any length and an odd last row.
+// floats as zero, with round_to_bf16 for a pair holding one, or for none in a forward row whose
+// scores rule them out) and pairs two rows' values in words for the transposed products: the same
+// bits as the row-at-a-time kernels and bf16(float), with scores reaching e^-104 (subnormal
+// probabilities), rows of any length and an odd last row.
 TEST_CASE("bf16 score rows rounded and paired two at a time are bf16(float), subnormals included", "[ops]") {
 #ifdef ETUDE_BF16_PAIRS
   namespace rows = etude::backend::cpu_detail::score_rows;
@@ -555,6 +556,22 @@ TEST_CASE("bf16 score rows rounded and paired two at a time are bf16(float), sub
     CHECK(sum1 == sum2);
     for (index_t j = 0; j < rows::padded(keys); ++j) REQUIRE(one[j].bits == two[j].bits);
     CHECK(two[rows::padded(keys)].bits == bf16(7.0f).bits);  // nothing written past the row's vectors
+    // the forward's entry point rounds by vcvtne2ps2bf16 alone where no exponential can be
+    // subnormal (every score within 87 of the row's largest) and tests each pair otherwise
+    for (const float spread : {110.0f, 86.0f}) {
+      INFO("scores down to " << spread << " below the largest");
+      std::vector<float> r(room, 0.0f);
+      for (index_t j = 0; j < room; ++j) r[j] = 0.5f - spread * static_cast<float>(std::abs(s0[j]));
+      const float mx = *std::max_element(r.begin(), r.begin() + keys);
+      std::vector<bf16> got(room, bf16(7.0f)), want(room, bf16(7.0f));
+      float inv = 0.0f;
+      rows::softmax(r.data(), got.data(), keys, cols, inv);
+      rows::kernel::softmax<true>(r.data(), want.data(), keys, mx);
+      for (index_t j = 0; j < rows::padded(keys); ++j) {
+        subnormal += j < keys && r[j] - mx < -87.4f;
+        REQUIRE(got[j].bits == want[j].bits);
+      }
+    }
     // the backward: two rows (and a row alone) against backward() row by row and joined words
     for (const bool both : {true, false}) {
       INFO("second row: " << both);

@@ -32,7 +32,7 @@
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
 #include <immintrin.h>
 #define ETUDE_BF16_PAIRS 1
-#define ETUDE_BF16_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define ETUDE_BF16_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #endif
 
 namespace etude::backend::cpu_detail::bf16_pairs {
@@ -95,7 +95,8 @@ inline bool available() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bf16");
   }();
   return has;
 }
@@ -184,11 +185,12 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
 // as bf16(float) does (to nearest even, NaN quietened) but reads subnormal floats as zero, so two
 // vectors holding one go through round_to_bf16 instead. Half the rounding's instructions, in the
 // kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
+// A subnormal is found by vfpclassps (class 0x20), one instruction a vector: against two mask
+// tests a vector, attention's forward score rows took 0.68 → 0.56 cycles of the time-stamp
+// counter a score (a 1024-key row, alone).
 ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff), exponent = _mm512_set1_epi32(0x7f800000);
-  const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
-  const __mmask16 sub0 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u0, magnitude), u0, exponent);
-  const __mmask16 sub1 = _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u1, magnitude), u1, exponent);
+  constexpr int subnormal = 0x20;
+  const __mmask16 sub0 = _mm512_fpclass_ps_mask(x0, subnormal), sub1 = _mm512_fpclass_ps_mask(x1, subnormal);
   if ((sub0 | sub1) != 0)
     return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(round_to_bf16(x0)), round_to_bf16(x1), 1);
   return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);

@@ -63,6 +63,23 @@ ETUDE_VMATH512_TARGET inline float row_max(const float* row, index_t keys) {
     m = _mm512_maskz_max_ps(all, m, _mm512_mask_loadu_ps(none, valid(j, keys), row + j));
   return lane_max(m);
 }
+// The same, and the smallest in lo (a NaN may be skipped in either).
+ETUDE_VMATH512_TARGET inline float row_max(const float* row, index_t keys, float& lo) {
+  const __m512 none = _mm512_set1_ps(-INFINITY);
+  __m512 m = none, low = _mm512_set1_ps(INFINITY);
+  for (index_t j = 0; j < keys; j += lanes) {
+    const __mmask16 v = valid(j, keys);
+    const __m512 x = _mm512_mask_loadu_ps(none, v, row + j);
+    m = _mm512_maskz_max_ps(all, m, x);
+    low = _mm512_mask_min_ps(low, v, low, x);
+  }
+  lo = -lane_max(_mm512_sub_ps(_mm512_setzero_ps(), low));
+  return lane_max(m);
+}
+
+// e^x for every x ≥ normal_exponent is a normal float (e^-87 > 2^-126, within exp16's ulp), so
+// a row whose exponentials' arguments all lie there has no subnormal probability to round.
+inline constexpr float normal_exponent = -87.0f;
 
 // e^(row[j] − shift) on the valid lanes of the vector at j, 0 on the masked ones.
 ETUDE_VMATH512_TARGET inline __m512 exponentials(const float* row, index_t j, __mmask16 m, __m512 shift) {
@@ -129,15 +146,18 @@ ETUDE_BF16_PAIRS_TARGET inline __mmask16 below(index_t j, index_t n) {
   return j >= n ? __mmask16(0) : vmath512::valid(j, n);
 }
 
-// kernel::softmax<true> rounding two vectors at a time: the same sum, the same bits.
-ETUDE_BF16_PAIRS_TARGET inline float softmax(const float* row, bf16* rb, index_t keys, float mx) {
+// kernel::softmax<true> rounding two vectors at a time: the same sum, the same bits. Normal: the
+// caller knows every exponential is normal or zero (the row's smallest score less mx is at least
+// normal_exponent), so the pairs skip round_two's test for subnormals (vcvtne2ps2bf16 alone).
+template <bool Normal>
+ETUDE_BF16_PAIRS_TARGET inline float softmax_rounded(const float* row, bf16* rb, index_t keys, float mx) {
   const __m512 shift = _mm512_set1_ps(mx);
   __m512 sum = _mm512_setzero_ps();
   index_t j = 0;
   for (; j + 2 * lanes <= padded(keys); j += 2 * lanes) {
     const __m512 e0 = kernel::exponentials(row, j, vmath512::valid(j, keys), shift);
     const __m512 e1 = kernel::exponentials(row, j + lanes, vmath512::valid(j + lanes, keys), shift);
-    _mm512_storeu_si512(rb + j, round_two(e0, e1));
+    _mm512_storeu_si512(rb + j, Normal ? (__m512i)_mm512_cvtne2ps_pbh(e1, e0) : round_two(e0, e1));
     sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
   }
   if (j < keys) {
@@ -146,6 +166,9 @@ ETUDE_BF16_PAIRS_TARGET inline float softmax(const float* row, bf16* rb, index_t
     sum = _mm512_add_ps(sum, e);
   }
   return kernel::lane_sum(sum);
+}
+ETUDE_BF16_PAIRS_TARGET inline float softmax(const float* row, bf16* rb, index_t keys, float mx, bool normal = false) {
+  return normal ? softmax_rounded<true>(row, rb, keys, mx) : softmax_rounded<false>(row, rb, keys, mx);
 }
 
 // Rows r (a) and r + 1 (b) of a block as backward() makes each: P from lse in pr, dS rounded into
@@ -199,11 +222,12 @@ inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
 #ifdef ETUDE_VMATH512
   if constexpr (std::is_same_v<F, float>) {
     if (vmath512::available()) {
-      const float mx = kernel::row_max(row, keys);
+      float lo = 0.0f;
+      const float mx = rb == nullptr ? kernel::row_max(row, keys) : kernel::row_max(row, keys, lo);
       float sum;
       if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
 #ifdef ETUDE_BF16_PAIRS
-      else if (bf16_pairs::available()) sum = paired::softmax(row, rb, keys, mx);
+      else if (bf16_pairs::available()) sum = paired::softmax(row, rb, keys, mx, lo - mx >= kernel::normal_exponent);
 #endif
       else sum = kernel::softmax<true>(row, rb, keys, mx);
       inv = 1.0f / sum;
