@@ -1,6 +1,7 @@
-// LayerNorm on the CPU: the backward against central differences of the forward in double,
-// the residual fusion against its unfused definition.
+// LayerNorm on the CPU: the backward against central differences of the forward in double, its
+// column sums for any thread count, the residual fusion against its unfused definition.
 #include <catch2/catch.hpp>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -31,6 +32,38 @@ TEST_CASE("layernorm backward matches central differences", "[ops]") {
   check_gradient(x, dx, loss, "dx");
   check_gradient(gamma, dgamma, loss, "dgamma");
   check_gradient(beta, dbeta, loss, "dbeta");
+}
+
+// The backward's column sums (dgamma, dbeta) are one chain of additions per column in row order,
+// whoever owns the column: the same bits with one, two or three threads, for a width that is not
+// whole chunks of 16, bf16 rows and float gradients already holding values.
+TEST_CASE("layernorm backward: the same column sums for any thread count", "[ops]") {
+  using etude::bf16;
+  const index_t rows = 77, dim = 250;
+  const auto x0 = random_vector(rows * dim, 21, 2.0), dy0 = random_vector(rows * dim, 22);
+  std::vector<bf16> x(x0.size()), dy(dy0.size()), y(x0.size());
+  for (std::size_t i = 0; i < x0.size(); ++i) x[i] = bf16(float(x0[i])), dy[i] = bf16(float(dy0[i]));
+  std::vector<float> gamma(dim, 1.25f), beta(dim, -0.5f), mean(rows), rstd(rows);
+  cpu::layernorm_fwd(y.data(), mean.data(), rstd.data(), x.data(), gamma.data(), beta.data(), rows, dim);
+  std::vector<std::vector<float>> sums;
+  std::vector<std::vector<bf16>> dxs;
+  const int before = omp_get_max_threads();
+  for (const int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> dgamma(dim, 0.75f), dbeta(dim, -0.25f);
+    std::vector<bf16> dx(x.size(), bf16(0.5f));
+    cpu::layernorm_bwd(dx.data(), dgamma.data(), dbeta.data(), dy.data(), x.data(), mean.data(), rstd.data(),
+                       gamma.data(), rows, dim);
+    dgamma.insert(dgamma.end(), dbeta.begin(), dbeta.end());
+    sums.push_back(dgamma);
+    dxs.push_back(dx);
+  }
+  omp_set_num_threads(before);
+  for (std::size_t t = 1; t < sums.size(); ++t) {
+    INFO("threads " << t + 1 << " against one");
+    CHECK(std::memcmp(sums[t].data(), sums[0].data(), sums[0].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(dxs[t].data(), dxs[0].data(), dxs[0].size() * sizeof(bf16)) == 0);
+  }
 }
 
 // residual_layernorm_fwd is defined as x_mid = x + r rounded to x's dtype, then layernorm_fwd:
