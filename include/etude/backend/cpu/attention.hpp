@@ -451,13 +451,7 @@ struct cpu_attention {
             static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
       pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), lds / 2, 1, vr, ldr, 0.0f, of, head_dim,
                      {causal::reduction_to_row, i0});
-      for (index_t r = 0; r < rows; ++r) {
-        O* o = out + (i0 + r) * ldo;
-        const float* f = of + r * head_dim;
-        const float s = inv[r];
-#pragma omp simd
-        for (index_t c = 0; c < head_dim; ++c) o[c] = cpu_detail::cv<O>(f[c] * s);
-      }
+      cpu_detail::narrow_head(out + i0 * ldo, ldo, of, rows, head_dim, inv);
     }
   }
 
