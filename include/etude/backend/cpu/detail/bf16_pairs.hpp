@@ -186,7 +186,7 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
 // vectors holding one go through round_to_bf16 instead. Half the rounding's instructions, in the
 // kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
 // A subnormal is found by vfpclassps (class 0x20), one instruction a vector: against two mask
-// tests a vector, attention's forward score rows took 0.68 → 0.56 cycles of the time-stamp
+// tests a vector, attention's forward score rows took 0.67 → 0.62 cycles of the time-stamp
 // counter a score (a 1024-key row, alone).
 ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
   constexpr int subnormal = 0x20;

@@ -31,9 +31,8 @@ inline void widen_head(F* dst, const T* src, index_t ld, index_t rows, index_t h
 #pragma omp simd
     for (index_t j = 0; j < head_dim; ++j) dst[s * head_dim + j] = cv<F>(src[s * ld + j]);
 }
-// narrow_head: each row times row_scale[s] first where given (the forward's 1/Σ of a row).
 #ifdef ETUDE_BF16_PAIRS
-// bf16 rows from floats two vectors at a time (bf16_pairs::kernel::round_two, bf16(float)'s bits):
+// narrow_head's bf16 rows from floats two vectors at a time (bf16_pairs::kernel::round_two, bf16(float)'s bits):
 // at T = 256 the attention heads' rounding was 3% of tiny's bf16 attention as a loop of elements.
 ETUDE_BF16_PAIRS_TARGET inline __m512 scaled_lanes(const float* f, __mmask16 m, const float* row_scale, __m512 scale) {
   const __m512 x = _mm512_maskz_loadu_ps(m, f);
@@ -58,6 +57,7 @@ ETUDE_BF16_PAIRS_TARGET inline void narrow_rows_bf16(bf16* dst, index_t ld, cons
   }
 }
 #endif
+// (narrow_head: each row times row_scale[s] first where given, the forward's 1/Σ of its row.)
 template <class T, class F>
 inline void narrow_head(T* dst, index_t ld, const F* src, index_t rows, index_t head_dim,
                         const F* row_scale = nullptr) {

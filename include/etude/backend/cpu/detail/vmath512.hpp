@@ -29,7 +29,8 @@ inline constexpr index_t padded(index_t n) { return (n + lanes - 1) / lanes * la
 
 // e^r ≈ 1 + r + r²/2 + r³·(c3 + c4·r + c5·r² + c6·r³) on |r| ≤ ln2/2, c3..c6 fitted for the least
 // largest relative error (3.6e-9, against e^r's Taylor terms to r⁷'s 5.6e-9): one multiply-add
-// fewer than exp_taylor7, and within 1.0 ulp in float as it is.
+// fewer than exp_taylor7. exp16 with it is within 0.87 ulp of e^x over 60M arguments (0.91 with
+// the Taylor terms).
 inline constexpr float exp_minimax6[4] = {0.16666533052921295f, 0.041667237877845764f, 0.008367514237761497f,
                                           0.0013863758649677038f};
 
