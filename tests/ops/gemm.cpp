@@ -378,10 +378,16 @@ TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A s
     pairs::pack_rows(by_rows.data(), ldb, b.data(), n, k, n);
     pairs::pack_columns(by_columns.data(), ldb, bt.data(), even, n, even);
     pairs::pack_rows(a_paired.data(), ldp, at.data(), m, k, m);
-    // the packings hold the same words, zeros to the next 16 columns
-    for (index_t q = 0; q < pair_count; ++q)
+    // the packings hold the same words, zeros to the next 16 columns, nothing past them
+    for (index_t q = 0; q < pair_count; ++q) {
       for (index_t j = 0; j < pairs::padded(n); ++j)
         CHECK(by_rows[std::size_t(q * ldb + j)] == by_columns[std::size_t(q * ldb + j)]);
+      for (index_t j = pairs::padded(n); j < ldb; ++j) CHECK(by_rows[std::size_t(q * ldb + j)] == 0xFFFFFFFFu);
+    }
+    for (index_t j = 0; j < pairs::padded(n); ++j) {  // the odd last row pairs with zeros
+      const pairs::word last = by_rows[std::size_t((pair_count - 1) * ldb + j)];
+      CHECK((k % 2 == 0 || j >= n || last >> 16 == 0));
+    }
     const auto* a_rows = reinterpret_cast<const pairs::word*>(a.data());
     for (const float beta : {0.0f, 0.5f}) {
       const auto c0 = random_vector(std::size_t(m * ldc), 73);
