@@ -15,8 +15,8 @@
 //
 // The instructions flush bf16 subnormals (below 2^-126) to zero and round each addition to float;
 // the order of additions is fixed by the shape, so a result is the same bits on every call.
-// available() says whether this CPU has them (checked once); callers keep another path for
-// CPUs without.
+// available() says whether this CPU has them (checked once: AVX512_BF16 with AVX-512 F, BW, VL and
+// DQ, which every CPU with AVX512_BF16 has); callers keep another path for CPUs without.
 #pragma once
 
 #include <algorithm>
