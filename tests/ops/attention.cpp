@@ -605,3 +605,31 @@ TEST_CASE("bf16 score rows rounded and paired two at a time are bf16(float), sub
   WARN("built without the AVX512_BF16 kernels: the paired score rows are not exercised");
 #endif
 }
+
+// A head's float rows rounded into strided bf16 rows (narrow_head, on the kernels' two-vectors-at-
+// a-time rounding where the CPU has AVX512_BF16), each times its row's scale where one is given:
+// bf16(float)'s bits for every element, widths of whole pairs of vectors and with a tail, values
+// down to subnormal products, and nothing written between the rows.
+TEST_CASE("attention heads narrowed to bf16 are bf16(x·scale) element by element", "[ops]") {
+  using etude::bf16;
+  const index_t rows = 5, ld = 100;
+  for (const index_t head_dim : {64, 40, 7}) {
+    INFO("head_dim = " << head_dim);
+    const auto v = random_vector(rows * head_dim, 41, 4.0);
+    std::vector<float> src(v.size()), scale(rows);
+    for (std::size_t i = 0; i < v.size(); ++i) src[i] = float(v[i]) * (i % 9 == 0 ? 0x1p-130f : 1.0f);
+    for (index_t s = 0; s < rows; ++s) scale[std::size_t(s)] = 0.75f / float(s + 1);
+    for (const bool scaled : {false, true}) {
+      std::vector<bf16> dst(std::size_t(rows * ld), bf16(7.0f));
+      etude::backend::cpu_detail::narrow_head(dst.data(), ld, src.data(), rows, head_dim,
+                                              scaled ? scale.data() : nullptr);
+      for (index_t s = 0; s < rows; ++s) {
+        for (index_t j = 0; j < head_dim; ++j) {
+          const float x = src[std::size_t(s * head_dim + j)] * (scaled ? scale[std::size_t(s)] : 1.0f);
+          REQUIRE(dst[std::size_t(s * ld + j)].bits == bf16(x).bits);
+        }
+        for (index_t j = head_dim; j < ld; ++j) REQUIRE(dst[std::size_t(s * ld + j)].bits == bf16(7.0f).bits);
+      }
+    }
+  }
+}

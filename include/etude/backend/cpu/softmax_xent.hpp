@@ -88,14 +88,14 @@ struct cpu_softmax_xent {
   }
 
   // row[j] = e[j]·scale, rounded once to the logits' type; bf16 two vectors at a time where the
-  // CPU has AVX512_BF16 (bf16_pairs::kernel::round_two: the same bits, half the rounding's
+  // CPU has AVX512_BF16 (bf16_pairs::kernel::round_row: the same bits, half the rounding's
   // instructions).
   template <class L, class F>
   static void gradients(L* row, const F* e, index_t card, F scale) {
 #ifdef ETUDE_BF16_PAIRS
     if constexpr (std::is_same_v<L, bf16>) {
       if (cpu_detail::bf16_pairs::available()) {
-        rounded_gradients(row, e, card, scale);
+        cpu_detail::bf16_pairs::kernel::round_row(row, e, card, scale);
         return;
       }
     }
@@ -103,22 +103,6 @@ struct cpu_softmax_xent {
 #pragma omp simd
     for (index_t j = 0; j < card; ++j) row[j] = cpu_detail::cv<L>(e[j] * scale);
   }
-#ifdef ETUDE_BF16_PAIRS
-  ETUDE_BF16_PAIRS_TARGET static void rounded_gradients(bf16* row, const float* e, index_t card, float scale) {
-    namespace vm = cpu_detail::vmath512;
-    const __m512 s = _mm512_set1_ps(scale);
-    index_t j = 0;
-    for (; j + 2 * vm::lanes <= card; j += 2 * vm::lanes) {
-      const __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(e + j), s);
-      const __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(e + j + vm::lanes), s);
-      _mm512_storeu_si512(row + j, cpu_detail::bf16_pairs::kernel::round_two(x0, x1));
-    }
-    for (; j < card; j += vm::lanes) {
-      const __mmask16 m = vm::valid(j, card);
-      _mm256_mask_storeu_epi16(row + j, m, vm::round_to_bf16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, e + j), s)));
-    }
-  }
-#endif
 
   // Where a row's e^(x−max) wait: float logits in place; 16-bit ones in a row of floats the
   // calling thread keeps (sized by the first step, reused after).

@@ -209,6 +209,21 @@ ETUDE_BF16_PAIRS_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
   _mm512_storeu_si512(o, round_two(x0, x1));
 }
 
+// o[j] = bf16(f[j]·scale) for j < n: two vectors at a time by round_two, a masked tail by
+// round_to_bf16 (bf16(float)'s bits either way; ·1 changes no value). The rows of floats the CPU
+// rounds to bf16 outside the kernels: the heads' gradients (softmax_xent) and attention's heads
+// (narrow_head, at T = 256 3% of tiny's bf16 attention as a loop of elements).
+ETUDE_BF16_PAIRS_TARGET inline void round_row(bf16* o, const float* f, index_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  index_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes)
+    store_pair(o + j, _mm512_mul_ps(_mm512_loadu_ps(f + j), s), _mm512_mul_ps(_mm512_loadu_ps(f + j + lanes), s));
+  for (; j < n; j += lanes) {
+    const __mmask16 m = vmath512::valid(j, n);
+    _mm256_mask_storeu_epi16(o + j, m, round_to_bf16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, f + j), s)));
+  }
+}
+
 // Rows × (16·V) outputs in registers; `last` masks the final vector's columns. W is a word of bf16
 // pairs (vdpbf16ps) or a float (vfmadd231ps): `words` steps of the reduction either way.
 template <int Rows, int V, class W, class TC>
@@ -352,8 +367,8 @@ void product(index_t, index_t, index_t, float, const W*, index_t, index_t, const
 // B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
 // dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words. By vpermt2w where
 // the CPU has it: a weight gradient's activations are paired so in blocks of 85–96 columns, whose
-// scalar remainders made the element loop 1.7 cycles of the time-stamp counter a word from cold
-// caches (0.46 warm); the permutes take 0.80 and 0.35.
+// scalar remainders made the element loop 1.25 cycles of the time-stamp counter a word from cold
+// caches (0.46 warm; 85 columns of a 1024-wide matrix); the permutes take 0.80 and 0.37.
 inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
 #ifdef ETUDE_BF16_PAIRS
   if (available()) {

@@ -55,15 +55,8 @@ using vmath512::lane_max;
 using vmath512::lane_sum;
 using vmath512::valid;
 
-// The largest of row[0..keys) (a NaN may be skipped: the exponentials carry it).
-ETUDE_VMATH512_TARGET inline float row_max(const float* row, index_t keys) {
-  const __m512 none = _mm512_set1_ps(-INFINITY);
-  __m512 m = none;
-  for (index_t j = 0; j < keys; j += lanes)
-    m = _mm512_maskz_max_ps(all, m, _mm512_mask_loadu_ps(none, valid(j, keys), row + j));
-  return lane_max(m);
-}
-// The same, and the smallest in lo (a NaN may be skipped in either).
+// The largest of row[0..keys), and the smallest in lo (a NaN may be skipped in either: the
+// exponentials carry it).
 ETUDE_VMATH512_TARGET inline float row_max(const float* row, index_t keys, float& lo) {
   const __m512 none = _mm512_set1_ps(-INFINITY);
   __m512 m = none, low = _mm512_set1_ps(INFINITY);
@@ -223,7 +216,7 @@ inline F softmax(F* row, bf16* rb, index_t keys, index_t width, F& inv) {
   if constexpr (std::is_same_v<F, float>) {
     if (vmath512::available()) {
       float lo = 0.0f;
-      const float mx = rb == nullptr ? kernel::row_max(row, keys) : kernel::row_max(row, keys, lo);
+      const float mx = kernel::row_max(row, keys, lo);
       float sum;
       if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
 #ifdef ETUDE_BF16_PAIRS
