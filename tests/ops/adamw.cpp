@@ -200,3 +200,129 @@ TEST_CASE("adamw_check: the first refused value does not depend on the thread co
     CHECK(d.refused == etude::update_value_key(50000, etude::update_value_state1));
   }
 }
+
+namespace {
+// What a range must say of the values it describes: their largest magnitudes and smallest values.
+void check_range_of(const etude::optim::update_range& r, const std::vector<float>& p, const std::vector<float>& m,
+                    const std::vector<float>& v) {
+  auto max_abs = [](const std::vector<float>& x) {
+    double top = 0.0;
+    for (float e : x) top = std::max(top, static_cast<double>(std::fabs(e)));
+    return top;
+  };
+  auto min_of = [](const std::vector<float>& x) { return static_cast<double>(*std::min_element(x.begin(), x.end())); };
+  CHECK(r.known);
+  CHECK(r.weight == max_abs(p));
+  CHECK(r.state_max[0] == max_abs(m));
+  CHECK(r.state_max[1] == max_abs(v));
+  CHECK(r.state_min[0] == min_of(m));
+  CHECK(r.state_min[1] == min_of(v));
+}
+
+double sum_of_squares(const std::vector<float>& g) {
+  double s = 0.0;
+  for (float x : g) s += static_cast<double>(x) * static_cast<double>(x);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("adamw_update records the range of what it stored, the same bits as without it", "[ops]") {
+  const index_t n = 5003;  // several runs of the update's loop, the last a partial one
+  const auto rp = random_vector(n, 71), rg = random_vector(n, 72);
+  const auto sc = etude::optim::adamw::make_scalars(etude::hyper{}, 1e-2, 2);
+  const double scale = 0.7;
+  const int run = 0, skip = 1;
+  for (int threads : {1, 3}) {
+    INFO(threads << " threads");
+    const int keep = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> p(rp.begin(), rp.end()), g(rg.begin(), rg.end()), m(g), v(n, 0.25f);
+    auto p2 = p, m2 = m, v2 = v;
+    std::vector<etude::bf16> working(p.size()), working2(p.size());
+    etude::optim::update_range range;
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc, &scale, &run, working.data(), &range);
+    cpu::adamw_update(p2.data(), g.data(), m2.data(), v2.data(), n, &sc, &scale, &run, working2.data());
+    omp_set_num_threads(keep);
+    CHECK(p == p2);
+    CHECK(m == m2);
+    CHECK(v == v2);
+    CHECK(std::memcmp(working.data(), working2.data(), working.size() * sizeof(etude::bf16)) == 0);
+    check_range_of(range, p, m, v);
+    // a skipped update writes nothing, the range included
+    const etude::optim::update_range kept = range;
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc, &scale, &skip, working.data(), &range);
+    CHECK(std::memcmp(&kept, &range, sizeof range) == 0);
+  }
+  // an update run without its check that stores a NaN (a negative second moment) leaves it unknown
+  std::vector<float> p(rp.begin(), rp.end()), g(rg.begin(), rg.end()), m(n, 0.0f), v(n, 0.0f);
+  v[4000] = -1.0f;
+  etude::optim::update_range range;
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc, &scale, &run,
+                    static_cast<float*>(nullptr), &range);
+  CHECK(std::isnan(p[4000]));
+  CHECK_FALSE(range.known);
+}
+
+TEST_CASE("adamw_check from the last update's range decides as the passes over the elements do", "[ops]") {
+  // one update leaves the state and its range; the next update's check, from that range and the
+  // gradients' sum of squares, against the check that reads every element, over gradients and
+  // learning rates from ordinary to overflowing, with a float and an fp16 working copy
+  const index_t n = 257;
+  const auto rp = random_vector(n, 81), rg = random_vector(n, 82);
+  etude::hyper h;
+  const int run = 0;
+  int decided_from_range = 0, refused = 0;
+  for (const bool fp16_working : {false, true}) {
+    for (const double lr : {1e-3, 1.0, 1e3, 1e30, 1e38}) {
+      for (const float huge : {0.0f, 1e3f, 1e18f, 1e19f, 1e20f, 3e38f}) {
+        INFO("fp16 working copy " << fp16_working << ", lr " << lr << ", a gradient of " << huge);
+        std::vector<float> p(rp.begin(), rp.end()), g(rg.begin(), rg.end()), m(n, 0.0f), v(n, 0.0f);
+        std::vector<etude::fp16> w16(p.size());
+        if (fp16_working) p[9] = 6e4f;  // near fp16's largest: a learning rate of 1e3 or more overflows the copy
+        const auto sc1 = etude::optim::adamw::make_scalars(h, 1e-3, 1);
+        const auto sc2 = etude::optim::adamw::make_scalars(h, lr, 2);
+        const double scale = 1.0;
+        etude::optim::update_range range;
+        if (fp16_working)
+          cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc1, &scale, &run, w16.data(), &range);
+        else
+          cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, &sc1, &scale, &run,
+                            static_cast<float*>(nullptr), &range);
+        REQUIRE(range.known);
+        if (huge != 0.0f) g[200] = huge;
+        etude::step_decision full = running_decision(scale), quick = running_decision(scale);
+        full.sum_squares = quick.sum_squares = sum_of_squares(g);
+        if (fp16_working) {
+          cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc2, &full, w16.data());
+          cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc2, &quick, w16.data(), &range);
+        } else {
+          cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc2, &full, static_cast<const float*>(nullptr));
+          cpu::adamw_check(p.data(), g.data(), m.data(), v.data(), n, &sc2, &quick, static_cast<const float*>(nullptr),
+                           &range);
+        }
+        CHECK(quick.refused == full.refused);
+        CHECK(quick.skip == full.skip);
+        CHECK(quick.status == full.status);
+        refused += full.skip;
+        const etude::backend::cpu_adamw::coefficients<float> c(sc2, scale);
+        const double limit = 0.5 * (fp16_working ? etude::dtype_traits<etude::fp16>::max_finite
+                                                 : etude::dtype_traits<float>::max_finite);
+        const bool from_range = cpu::within_range<float, float>(range, c, full.sum_squares, limit);
+        decided_from_range += from_range ? 1 : 0;
+        if (from_range) CHECK(full.skip == 0);  // what the range clears, the element passes clear too
+      }
+    }
+  }
+  // both paths were taken: ordinary steps decided from the range, overflowing ones refused
+  CHECK(decided_from_range >= 12);
+  CHECK(refused >= 12);
+  // an unknown range, or one whose second moment went negative, decides nothing
+  etude::optim::update_range unknown;
+  const etude::backend::cpu_adamw::coefficients<float> c(etude::optim::adamw::make_scalars(h, 1e-3, 2), 1.0);
+  CHECK_FALSE(cpu::within_range<float, float>(unknown, c, 1.0, 1e38));
+  etude::optim::update_range negative{
+      .known = true, .weight = 1.0, .state_max = {1.0, 1.0}, .state_min = {-1.0, -1e-30}};
+  CHECK_FALSE(cpu::within_range<float, float>(negative, c, 1.0, 1e38));
+  negative.state_min[1] = 0.0;
+  CHECK(cpu::within_range<float, float>(negative, c, 1.0, 1e38));
+}

@@ -291,6 +291,41 @@ TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[
   CHECK(snapshot(tr) == before);
 }
 
+TEST_CASE("the update's check reads the state again after the host wrote it", "[step][errors]") {
+  // after an update the next check may decide from the range that update stored; a moment written
+  // since (here a negative second moment, which would make a weight NaN) must be found by reading
+  // the elements, whether written through optimizer_state() or restore()
+  etude::hyper h;
+  h.lr = 1e-3;
+  etude::cpu_trainer<etude::train_config<lm>> tr{h};
+  tr.step(random_batch(2, 8, 16));
+  tr.step(random_batch(2, 8, 17));
+  const snapshot good(tr);
+  const index_t at = lm::params::at(etude::param_kind::ffn_up, 1).offset + 3;
+  auto expect_refused = [&](const char* how) {
+    INFO(how);
+    const snapshot before(tr);
+    try {
+      tr.step(random_batch(2, 8, 18));
+      FAIL("no error");
+    } catch (const etude::non_finite& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains("the weight of transformer.layers.1.linear1.weight (element 3"));
+    }
+    CHECK(snapshot(tr) == before);
+  };
+  tr.optimizer_state(1)[static_cast<std::size_t>(at)] = -1.0f;
+  expect_refused("through optimizer_state()");
+  tr.optimizer_state(1)[static_cast<std::size_t>(at)] = good.v[static_cast<std::size_t>(at)];
+  CHECK(snapshot(tr) == good);
+  std::vector<float> v = good.v;
+  v[static_cast<std::size_t>(at)] = -1.0f;
+  tr.restore(tr.steps_done(), good.params, good.m, v);
+  expect_refused("through restore()");
+  tr.restore(tr.steps_done(), good.params, good.m, good.v);
+  CHECK(std::isfinite(tr.step(random_batch(2, 8, 18)).ce));
+}
+
 TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
   using trainer_t = etude::cpu_trainer<etude::train_config<lm>>;
   etude::hyper h;

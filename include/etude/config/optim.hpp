@@ -25,6 +25,18 @@ namespace etude {
 namespace optim {
 struct optimizer_tag {};
 
+// What an update stored, kept by the trainer for the next update's check: the largest magnitude
+// of the master weights and of each state tensor, and each state's smallest value, over the
+// elements the update wrote. `known` once an update has filled it; the trainer forgets it when the
+// host writes the weights or the states. A backend that does not track it leaves it unknown, and
+// an optimiser without a use for it ignores it: the check then reads every element.
+struct update_range {
+  bool known = false;
+  double weight = 0.0;
+  double state_max[2] = {0.0, 0.0};
+  double state_min[2] = {0.0, 0.0};
+};
+
 // AdamW with decoupled weight decay, PyTorch's semantics; two moments per parameter.
 struct adamw : optimizer_tag {
   static constexpr const char* name = "adamw";
@@ -47,16 +59,29 @@ struct adamw : optimizer_tag {
   }
   // state: exp_avg, exp_avg_sq. grad_scale and skip are read where the backend runs (see
   // ops/adamw.hpp).
+  // With `stored` (may be null), a backend that tracks it records what the update wrote there.
   template <class Backend, class M, class G, class S, class P>
   static void update(M* p, const G* grad, S* const* state, index_t n, const scalars* s, const double* grad_scale,
-                     const int* skip, P* working) {
-    Backend::adamw_update(p, grad, state[0], state[1], n, s, grad_scale, skip, working);
+                     const int* skip, P* working, update_range* stored = nullptr) {
+    S* m = state[0];
+    S* v = state[1];
+    if constexpr (requires { Backend::adamw_update(p, grad, m, v, n, s, grad_scale, skip, working, stored); })
+      Backend::adamw_update(p, grad, m, v, n, s, grad_scale, skip, working, stored);
+    else
+      Backend::adamw_update(p, grad, m, v, n, s, grad_scale, skip, working);
   }
-  // Refuses the update (d: the step's decision) when it would store a non-finite value.
+  // Refuses the update (d: the step's decision) when it would store a non-finite value. With a
+  // known `last` (what the previous update stored, nothing written since), a backend that can
+  // may decide from it and the gradients' sum of squares without reading the elements.
   template <class Backend, class M, class G, class S, class P, class Decision>
   static void check(const M* p, const G* grad, S* const* state, index_t n, const scalars* s, Decision* d,
-                    const P* working) {
-    Backend::adamw_check(p, grad, static_cast<const S*>(state[0]), static_cast<const S*>(state[1]), n, s, d, working);
+                    const P* working, const update_range* last = nullptr) {
+    const S* m = state[0];
+    const S* v = state[1];
+    if constexpr (requires { Backend::adamw_check(p, grad, m, v, n, s, d, working, last); })
+      Backend::adamw_check(p, grad, m, v, n, s, d, working, last);
+    else
+      Backend::adamw_check(p, grad, m, v, n, s, d, working);
   }
 };
 
@@ -80,14 +105,15 @@ struct sgd : optimizer_tag {
     if (step < 1) throw invalid_argument("optim::sgd: update numbers count from 1");
     return {lr, h.momentum, h.weight_decay, Nesterov ? 1 : 0, step == 1 ? 1 : 0};
   }
+  // SGD's check reads every element; it keeps no update_range.
   template <class Backend, class M, class G, class S, class P>
   static void update(M* p, const G* grad, S* const* state, index_t n, const scalars* s, const double* grad_scale,
-                     const int* skip, P* working) {
+                     const int* skip, P* working, update_range* = nullptr) {
     Backend::sgd_update(p, grad, state[0], n, s, grad_scale, skip, working);
   }
   template <class Backend, class M, class G, class S, class P, class Decision>
   static void check(const M* p, const G* grad, S* const* state, index_t n, const scalars* s, Decision* d,
-                    const P* working) {
+                    const P* working, const update_range* = nullptr) {
     Backend::sgd_check(p, grad, static_cast<const S*>(state[0]), n, s, d, working);
   }
 };

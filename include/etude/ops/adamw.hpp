@@ -19,6 +19,14 @@
 //       _working (ops/step_control.hpp). Deterministic: the same key on every backend and thread
 //       count. `working` (nullable) is only read for its dtype. Runs between step_control and
 //       the update, so an update that would overflow from finite gradients is never written.
+//
+//   Optional forms, where a backend keeps the state in host memory (the CPU's): adamw_update(...,
+//   working, optim::update_range* stored) also records the range of what it stored (the largest
+//   |p|, |m| and v, the smallest m and v; unknown if one is not finite), and adamw_check(...,
+//   working, const optim::update_range* last) may decide from that range and d->sum_squares alone
+//   when they bound every value below the limits, reading no element: it must then decide exactly
+//   as the full check would (no refusal). The trainer passes the range only while nothing else has
+//   written the weights or states (config/optim.hpp).
 // The scalars are formed in double on the host and rounded to the compute type once; *grad_scale
 // folds the clip coefficient and the loss scale's inverse (step_control's decision). Every pointer
 // argument is memory of the backend that runs the op.

@@ -294,6 +294,15 @@ class trainer {
   std::vector<double> block_sums_;  // zero1 on the host: the sum of squares' blocks of every rank (every
                                     // entry written each step: this rank's, then the others' by all-gather)
   detail::mirrored<executor, state_type> states_[optimizer_state_count];  // the optimiser's (state_names)
+  // What the last update stored (where the backend and optimiser track it) and the count of host
+  // writes it holds for: the next check may decide from it instead of reading every element
+  optim::update_range stored_range_;
+  std::uint64_t range_writes_ = 0;
+  std::uint64_t state_host_writes() const {
+    std::uint64_t n = master_.host_writes();
+    for (const auto& s : states_) n += s.host_writes();
+    return n;
+  }
   typename executor::template buffer<compute_type> pos_;  // (S, D) positions of the longest batch so far
   index_t pos_steps_ = 0;  // rows of pos_
   index_t pos_used_ = 0;   // rows the last step or evaluation read

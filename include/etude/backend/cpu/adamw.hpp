@@ -63,24 +63,37 @@ struct cpu_adamw {
   // are formed in double on the host and rounded to the compute type here, once. *grad_scale folds
   // the clip coefficient and the loss scale's inverse into one factor; nothing changes when *skip.
   // With a working copy (mixed precision), the updated master weight is also written there, rounded.
+  // With `stored`, the largest |p|, |m| and v and the smallest m and v it stored go there (for the
+  // next check; taken in the same pass, from values in registers).
   template <class M, class G, class S, class P = M>
   static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* sc,
-                           const double* grad_scale, const int* skip, P* working = nullptr) {
+                           const double* grad_scale, const int* skip, P* working = nullptr,
+                           optim::update_range* stored = nullptr) {
     if (*skip != 0) return;
     using F = cpu_detail::compute_of<M>;
     const coefficients<F> c(*sc, *grad_scale);
-    // whether a working copy is written is decided outside the loop: a test inside keeps it scalar
-    if (working != nullptr) update_loop<true>(p, grad, m, v, n, c, working);
-    else update_loop<false>(p, grad, m, v, n, c, working);
+    // what is written is decided outside the loop: a test inside keeps it scalar
+    if (working != nullptr) {
+      if (stored != nullptr) update_loop<true, true>(p, grad, m, v, n, c, working, stored);
+      else update_loop<true, false>(p, grad, m, v, n, c, working, stored);
+    } else {
+      if (stored != nullptr) update_loop<false, true>(p, grad, m, v, n, c, working, stored);
+      else update_loop<false, false>(p, grad, m, v, n, c, working, stored);
+    }
   }
 
   // step_element over runs of `run` elements: the moments (stored) and the decayed weights, the
   // square roots of the run in one call, then the weights. The same operations in the same order,
   // so the same bits.
-  template <bool Working, class M, class G, class S, class P, class F>
-  static void update_loop(M* p, const G* grad, S* m, S* v, index_t n, const coefficients<F>& c, P* working) {
+  template <bool Working, bool Range, class M, class G, class S, class P, class F>
+  static void update_loop(M* p, const G* grad, S* m, S* v, index_t n, const coefficients<F>& c, P* working,
+                          optim::update_range* stored) {
     constexpr index_t run = 1024;
-#pragma omp parallel for schedule(static)
+    // the range, and `zero`: each stored value times 0, which is 0 unless one is not finite (the
+    // check passed, so none is; an update run without it leaves the range unknown if one is not)
+    F p_max = 0, m_max = 0, v_max = 0, m_min = std::numeric_limits<F>::infinity(), v_min = m_min, zero = 0;
+#pragma omp parallel for schedule(static) reduction(max : p_max, m_max, v_max) reduction(min : m_min, v_min) \
+    reduction(+ : zero)
     for (index_t r0 = 0; r0 < n; r0 += run) {
       const index_t len = std::min(run, n - r0);
       F root[run], decayed[run];
@@ -94,14 +107,57 @@ struct cpu_adamw {
         root[j] = cpu_detail::cv<F>(e.v);
       }
       cpu_detail::sqrt_in_place(root, len);
-#pragma omp simd
+#pragma omp simd reduction(max : p_max, m_max, v_max) reduction(min : m_min, v_min) reduction(+ : zero)
       for (index_t j = 0; j < len; ++j) {
         const index_t i = r0 + j;
         const F pi = moved(element<S, F>{m[i], v[i], decayed[j]}, root[j], c);
         p[i] = cpu_detail::cv<M>(pi);
         if constexpr (Working) working[i] = cpu_detail::cv<P>(pi);
+        if constexpr (Range) {
+          const F ms = cpu_detail::cv<F>(m[i]), vs = cpu_detail::cv<F>(v[i]);
+          const F ps = cpu_detail::cv<F>(cpu_detail::cv<M>(pi));
+          zero += ps * F(0) + ms * F(0) + vs * F(0);
+          p_max = std::max(p_max, std::fabs(ps));
+          m_max = std::max(m_max, std::fabs(ms));
+          m_min = std::min(m_min, ms);
+          v_max = std::max(v_max, std::fabs(vs));
+          v_min = std::min(v_min, vs);
+        }
       }
     }
+    if constexpr (Range) {
+      stored->known = n > 0 && zero == F(0);
+      stored->weight = p_max;
+      stored->state_max[0] = m_max;
+      stored->state_max[1] = v_max;
+      stored->state_min[0] = n > 0 ? m_min : 0.0;
+      stored->state_min[1] = n > 0 ? v_min : 0.0;
+    }
+  }
+
+  // Whether `last` (what the previous update stored, all finite) and the gradients' sum of squares
+  // bound every value this update would store below the check's limits, in double with a margin
+  // for the compute type's rounding: |g| ≤ sqrt(Σ g²)·grad_scale (Σ g² of the stored gradients in
+  // double, so at least the largest square); |m'| ≤ |m| + w1(|g| + |m|); 0 ≤ v' ≤ β2·v + w2·g²;
+  // |p'| ≤ |p·decay| + step_size·|m'|/eps (the denominator is at least eps). Conservative only:
+  // false sends the check to its passes over the elements, which decide.
+  template <class M, class S, class F>
+  static bool within_range(const optim::update_range& last, const coefficients<F>& c, double sum_squares,
+                           double weight_limit) {
+    constexpr double margin = 1.01;  // float rounding of the few operations per value moves them by ulps
+    const double compute_limit = 0.5 * dtype_traits<F>::max_finite;
+    const double state_limit = std::min(compute_limit, 0.5 * dtype_traits<S>::max_finite);
+    const double w1 = c.w1, b2 = c.b2, w2 = c.w2, eps = c.eps, decay = c.decay, step_size = c.step_size;
+    if (!last.known || !(w1 >= 0.0 && b2 >= 0.0 && w2 >= 0.0 && eps > 0.0 && c.bc2_sqrt > F(0)) ||
+        !(last.state_min[1] >= 0.0))
+      return false;
+    const double g = std::sqrt(sum_squares) * std::fabs(static_cast<double>(c.grad_scale)) * margin;
+    const double m = last.state_max[0], v = last.state_max[1];
+    const double m_next = (m + w1 * (g + m)) * margin;
+    const double v_next = (b2 * v + w2 * g * g) * margin;
+    const double p_next = (last.weight * std::fabs(decay) + std::fabs(step_size) * m_next / eps) * margin;
+    return g < compute_limit && g * g < compute_limit && m_next < state_limit && v_next < state_limit &&
+           p_next < weight_limit;
   }
 
   // The check of the update above (ops/adamw.hpp): the same elements, nothing written, the first
@@ -110,17 +166,22 @@ struct cpu_adamw {
   // when not, so a sum in any order says it), the weight by |p·decay| + |step_size·m|/eps, a bound
   // of |p'| (the denominator is at least eps) that must stay below half the dtype's largest value
   // (float rounding moves it by a few ulp).
-  // Only when something fails the screen does the exact pass run, which decides.
+  // Only when something fails the screen does the exact pass run, which decides. With a known
+  // `last` (the previous update's range, nothing written since) that bounds every value below the
+  // limits (within_range), neither pass runs: the step reads no element twice.
   template <class M, class G, class S, class P = M>
   static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
-                          const optim::adamw::scalars* sc, step_decision* d, const P* working = nullptr) {
+                          const optim::adamw::scalars* sc, step_decision* d, const P* working = nullptr,
+                          const optim::update_range* last = nullptr) {
     if (d->skip != 0) return;
     using F = cpu_detail::compute_of<M>;
     const coefficients<F> c(*sc, d->grad_scale);
     // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
-    const F limit = static_cast<F>(0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
-                                                        : dtype_traits<M>::max_finite));
+    const double weight_limit = 0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
+                                                     : dtype_traits<M>::max_finite);
+    if (last != nullptr && within_range<M, S>(*last, c, d->sum_squares, weight_limit)) return;
+    const F limit = static_cast<F>(weight_limit);
     const F inv_eps = F(1) / c.eps;
     F zero = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : zero)

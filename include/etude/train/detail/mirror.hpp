@@ -5,6 +5,7 @@
 // Not for: workspaces (the arena) or anything inside a step.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -42,6 +43,7 @@ class mirrored {
   }
   // A writable host view; what is written reaches the device before the next pass.
   std::span<T> host_mutable(Exec& e) {
+    ++host_writes_;
     if constexpr (Exec::host_resident) {
       return {dev_.data(), static_cast<std::size_t>(dev_.size())};
     } else {
@@ -50,6 +52,9 @@ class mirrored {
       return {host_.data(), host_.size()};
     }
   }
+  // How many writable host views were handed out: what the trainer knows of the values from its
+  // own writes holds while this count stands.
+  std::uint64_t host_writes() const { return host_writes_; }
   void sync_to_device(Exec& e) {
     if constexpr (!Exec::host_resident) {
       if (state_ != host_newer) return;
@@ -63,6 +68,7 @@ class mirrored {
   typename Exec::template buffer<T> dev_;
   mutable std::vector<T> host_;  // device backends only
   mutable sync_state state_ = in_sync;
+  std::uint64_t host_writes_ = 0;
 };
 
 }  // namespace etude::detail

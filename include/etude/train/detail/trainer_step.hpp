@@ -512,9 +512,12 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     state_type* state[optimizer_state_count];
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
     value_type* master = master_.device() + lo;
-    // an update from finite gradients that would overflow is refused here, before it writes
+    // an update from finite gradients that would overflow is refused here, before it writes; from
+    // the range the last update stored where nothing has written the weights or states since
+    if (state_host_writes() != range_writes_) stored_range_.known = false;
     optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
-                                       state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working));
+                                       state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working),
+                                       executor::host_resident ? &stored_range_ : nullptr);
     step_op("update_check");
     if (sharded) {
       // each rank checked its shard: every rank skips if one refuses, and names the same value
@@ -523,7 +526,9 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
       Backend::take_refusal(&r->decision, &r->refusal);
     }
     optimizer::template update<Backend>(master, grads + lo, state, n, &c->optimizer, &r->decision.grad_scale,
-                                        &r->decision.skip, working);
+                                        &r->decision.skip, working,
+                                        executor::host_resident ? &stored_range_ : nullptr);
+    range_writes_ = state_host_writes();
     step_op(optimizer::name);
     if (sharded) {
       comm->allgather(master_.device(), comm_type_of<value_type>(), sh, "updated weights");
