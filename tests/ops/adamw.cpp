@@ -5,7 +5,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
+using etude::backend::cpu_adamw;
 using etude::index_t;
 using namespace etude::test::ops;
 
@@ -304,10 +307,10 @@ TEST_CASE("adamw_check from the last update's range decides as the passes over t
         CHECK(quick.skip == full.skip);
         CHECK(quick.status == full.status);
         refused += full.skip;
-        const etude::backend::cpu_adamw::coefficients<float> c(sc2, scale);
+        const cpu_adamw::coefficients<float> c(sc2, scale);
         const double limit = 0.5 * (fp16_working ? etude::dtype_traits<etude::fp16>::max_finite
                                                  : etude::dtype_traits<float>::max_finite);
-        const bool from_range = cpu::within_range<float, float>(range, c, full.sum_squares, limit);
+        const bool from_range = cpu_adamw::within_range<float, float>(range, c, full.sum_squares, limit);
         decided_from_range += from_range ? 1 : 0;
         if (from_range) CHECK(full.skip == 0);  // what the range clears, the element passes clear too
       }
@@ -318,11 +321,11 @@ TEST_CASE("adamw_check from the last update's range decides as the passes over t
   CHECK(refused >= 12);
   // an unknown range, or one whose second moment went negative, decides nothing
   etude::optim::update_range unknown;
-  const etude::backend::cpu_adamw::coefficients<float> c(etude::optim::adamw::make_scalars(h, 1e-3, 2), 1.0);
-  CHECK_FALSE(cpu::within_range<float, float>(unknown, c, 1.0, 1e38));
+  const cpu_adamw::coefficients<float> c(etude::optim::adamw::make_scalars(h, 1e-3, 2), 1.0);
+  CHECK_FALSE(cpu_adamw::within_range<float, float>(unknown, c, 1.0, 1e38));
   etude::optim::update_range negative{
       .known = true, .weight = 1.0, .state_max = {1.0, 1.0}, .state_min = {-1.0, -1e-30}};
-  CHECK_FALSE(cpu::within_range<float, float>(negative, c, 1.0, 1e38));
+  CHECK_FALSE(cpu_adamw::within_range<float, float>(negative, c, 1.0, 1e38));
   negative.state_min[1] = 0.0;
-  CHECK(cpu::within_range<float, float>(negative, c, 1.0, 1e38));
+  CHECK(cpu_adamw::within_range<float, float>(negative, c, 1.0, 1e38));
 }

@@ -3,6 +3,7 @@
 // an update which would store a non-finite value, against the update itself.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
+using etude::backend::cpu_sgd;
 using etude::index_t;
 using namespace etude::test::ops;
 
@@ -116,4 +118,57 @@ TEST_CASE("sgd_check refuses exactly the updates that would store a non-finite v
       CHECK(buf == b0);
     }
   }
+}
+
+TEST_CASE("sgd_update records the range of what it stored; sgd_check from it decides as the full check", "[ops]") {
+  // one update leaves the state and its range; the next check from that range and the gradients'
+  // sum of squares against the full check, over learning rates and gradients up to overflowing
+  const index_t n = 3001;
+  const auto rp = random_vector(n, 101), rg = random_vector(n, 102);
+  const double scale = 1.0;
+  const int run = 0;
+  int decided_from_range = 0, refused = 0;
+  for (int nesterov : {0, 1}) {
+    for (const double lr : {0.05, 1e3, 1e30, 1e38}) {
+      for (const float huge : {0.0f, 1e10f, 1e30f, 3e38f}) {
+        INFO("nesterov " << nesterov << ", lr " << lr << ", a gradient of " << huge);
+        std::vector<float> p(rp.begin(), rp.end()), g(rg.begin(), rg.end()), buf(n, 0.0f);
+        std::vector<etude::bf16> working(p.size()), plain(p.size());
+        const etude::optim::sgd_scalars first{0.05, 0.9, 0.01, nesterov, 1}, next{lr, 0.9, 0.01, nesterov, 0};
+        auto p2 = p, buf2 = buf;
+        etude::optim::update_range range;
+        cpu::sgd_update(p.data(), g.data(), buf.data(), n, &first, &scale, &run, working.data(), &range);
+        cpu::sgd_update(p2.data(), g.data(), buf2.data(), n, &first, &scale, &run, plain.data());
+        REQUIRE(p == p2);  // the same bits with the range recorded
+        REQUIRE(buf == buf2);
+        REQUIRE(range.known);
+        double p_max = 0.0, b_max = 0.0, b_min = 1e300;
+        for (index_t i = 0; i < n; ++i) {
+          p_max = std::max(p_max, double(std::fabs(p[std::size_t(i)])));
+          b_max = std::max(b_max, double(std::fabs(buf[std::size_t(i)])));
+          b_min = std::min(b_min, double(buf[std::size_t(i)]));
+        }
+        CHECK(range.weight == p_max);
+        CHECK(range.state_max[0] == b_max);
+        CHECK(range.state_min[0] == b_min);
+        if (huge != 0.0f) g[2500] = huge;
+        double ss = 0.0;
+        for (float x : g) ss += double(x) * double(x);
+        etude::step_decision full{}, quick{};
+        full.grad_scale = quick.grad_scale = scale;
+        full.refused = quick.refused = -1;
+        full.sum_squares = quick.sum_squares = ss;
+        cpu::sgd_check(p.data(), g.data(), buf.data(), n, &next, &full, working.data());
+        cpu::sgd_check(p.data(), g.data(), buf.data(), n, &next, &quick, working.data(), &range);
+        CHECK(quick.refused == full.refused);
+        CHECK(quick.skip == full.skip);
+        CHECK(quick.status == full.status);
+        refused += full.skip;
+        const cpu_sgd::coefficients<float> c(next, scale);
+        decided_from_range += cpu_sgd::within_range<float, float>(range, c, ss, 0.5 * 0x1.fep127) ? 1 : 0;
+      }
+    }
+  }
+  CHECK(decided_from_range >= 8);
+  CHECK(refused >= 8);
 }

@@ -28,8 +28,8 @@ struct optimizer_tag {};
 // What an update stored, kept by the trainer for the next update's check: the largest magnitude
 // of the master weights and of each state tensor, and each state's smallest value, over the
 // elements the update wrote. `known` once an update has filled it; the trainer forgets it when the
-// host writes the weights or the states. A backend that does not track it leaves it unknown, and
-// an optimiser without a use for it ignores it: the check then reads every element.
+// host writes the weights or the states. A backend that does not track it (CUDA's) leaves it
+// unknown, and the check then reads every element.
 struct update_range {
   bool known = false;
   double weight = 0.0;
@@ -105,16 +105,24 @@ struct sgd : optimizer_tag {
     if (step < 1) throw invalid_argument("optim::sgd: update numbers count from 1");
     return {lr, h.momentum, h.weight_decay, Nesterov ? 1 : 0, step == 1 ? 1 : 0};
   }
-  // SGD's check reads every element; it keeps no update_range.
+  // `stored` and `last` as for AdamW (the momentum buffer is state 0).
   template <class Backend, class M, class G, class S, class P>
   static void update(M* p, const G* grad, S* const* state, index_t n, const scalars* s, const double* grad_scale,
-                     const int* skip, P* working, update_range* = nullptr) {
-    Backend::sgd_update(p, grad, state[0], n, s, grad_scale, skip, working);
+                     const int* skip, P* working, update_range* stored = nullptr) {
+    S* buf = state[0];
+    if constexpr (requires { Backend::sgd_update(p, grad, buf, n, s, grad_scale, skip, working, stored); })
+      Backend::sgd_update(p, grad, buf, n, s, grad_scale, skip, working, stored);
+    else
+      Backend::sgd_update(p, grad, buf, n, s, grad_scale, skip, working);
   }
   template <class Backend, class M, class G, class S, class P, class Decision>
   static void check(const M* p, const G* grad, S* const* state, index_t n, const scalars* s, Decision* d,
-                    const P* working, const update_range* = nullptr) {
-    Backend::sgd_check(p, grad, static_cast<const S*>(state[0]), n, s, d, working);
+                    const P* working, const update_range* last = nullptr) {
+    const S* buf = state[0];
+    if constexpr (requires { Backend::sgd_check(p, grad, buf, n, s, d, working, last); })
+      Backend::sgd_check(p, grad, buf, n, s, d, working, last);
+    else
+      Backend::sgd_check(p, grad, buf, n, s, d, working);
   }
 };
 }  // namespace optim

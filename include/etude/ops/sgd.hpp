@@ -11,6 +11,10 @@
 //       as adamw_check (ops/adamw.hpp): unless d->skip, the values sgd_update would store (buf,
 //       then p, then the working copy: update_value_state0, _weight, _working) are computed and
 //       not written; the first non-finite one refuses the update.
+//
+//   Optional forms, as adamw's: sgd_update(..., working, optim::update_range* stored) records the
+//   largest |p| and |buf| and the smallest buf it stored (buf as state 0), and sgd_check(...,
+//   working, const optim::update_range* last) may decide from that range alone.
 // Scalars, grad_scale and skip as in ops/adamw.hpp.
 #pragma once
 
