@@ -25,16 +25,15 @@ namespace etude {
 namespace optim {
 struct optimizer_tag {};
 
-// What an update stored, kept by the trainer for the next update's check: the largest magnitude
-// of the master weights and of each state tensor, and each state's smallest value, over the
-// elements the update wrote. `known` once an update has filled it; the trainer forgets it when the
-// host writes the weights or the states. A backend that does not track it (CUDA's) leaves it
-// unknown, and the check then reads every element.
+// What an update stored, kept by the trainer for the next update's check, over the elements the
+// update wrote. `known` once an update has filled it; the trainer forgets it when the host writes
+// the weights or the states. A backend that does not track it (CUDA's) leaves it unknown, and the
+// check then reads every element.
 struct update_range {
   bool known = false;
-  double weight = 0.0;
-  double state_max[2] = {0.0, 0.0};
-  double state_min[2] = {0.0, 0.0};
+  double weight = 0.0;               // the largest |p| of the master weights
+  double state_max[2] = {0.0, 0.0};  // the largest magnitude of each state tensor
+  double second_min = 0.0;           // the smallest value of state 1 (AdamW's v, which must stay ≥ 0)
 };
 
 // AdamW with decoupled weight decay, PyTorch's semantics; two moments per parameter.

@@ -22,7 +22,7 @@
 //
 //   Optional forms, where a backend keeps the state in host memory (the CPU's): adamw_update(...,
 //   working, optim::update_range* stored) also records the range of what it stored (the largest
-//   |p|, |m| and v, the smallest m and v; unknown if one is not finite), and adamw_check(...,
+//   |p|, |m| and v, the smallest v; unknown if one is not finite), and adamw_check(...,
 //   working, const optim::update_range* last) may decide from that range and d->sum_squares alone
 //   when they bound every value below the limits, reading no element: it must then decide exactly
 //   as the full check would (no refusal). The trainer passes the range only while nothing else has

@@ -13,7 +13,7 @@
 //       not written; the first non-finite one refuses the update.
 //
 //   Optional forms, as adamw's: sgd_update(..., working, optim::update_range* stored) records the
-//   largest |p| and |buf| and the smallest buf it stored (buf as state 0), and sgd_check(...,
+//   largest |p| and |buf| it stored (buf as state 0), and sgd_check(...,
 //   working, const optim::update_range* last) may decide from that range alone.
 // Scalars, grad_scale and skip as in ops/adamw.hpp.
 #pragma once

@@ -63,8 +63,8 @@ struct cpu_adamw {
   // are formed in double on the host and rounded to the compute type here, once. *grad_scale folds
   // the clip coefficient and the loss scale's inverse into one factor; nothing changes when *skip.
   // With a working copy (mixed precision), the updated master weight is also written there, rounded.
-  // With `stored`, the largest |p|, |m| and v and the smallest m and v it stored go there (for the
-  // next check; taken in the same pass, from values in registers).
+  // With `stored`, the largest |p|, |m| and v and the smallest v it stored go there (for the next
+  // check; taken in the same pass, from values in registers).
   template <class M, class G, class S, class P = M>
   static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* sc,
                            const double* grad_scale, const int* skip, P* working = nullptr,
@@ -91,8 +91,8 @@ struct cpu_adamw {
     constexpr index_t run = 1024;
     // the range, and `zero`: each stored value times 0, which is 0 unless one is not finite (the
     // check passed, so none is; an update run without it leaves the range unknown if one is not)
-    F p_max = 0, m_max = 0, v_max = 0, m_min = std::numeric_limits<F>::infinity(), v_min = m_min, zero = 0;
-#pragma omp parallel for schedule(static) reduction(max : p_max, m_max, v_max) reduction(min : m_min, v_min) \
+    F p_max = 0, m_max = 0, v_max = 0, v_min = std::numeric_limits<F>::infinity(), zero = 0;
+#pragma omp parallel for schedule(static) reduction(max : p_max, m_max, v_max) reduction(min : v_min) \
     reduction(+ : zero)
     for (index_t r0 = 0; r0 < n; r0 += run) {
       const index_t len = std::min(run, n - r0);
@@ -107,7 +107,7 @@ struct cpu_adamw {
         root[j] = cpu_detail::cv<F>(e.v);
       }
       cpu_detail::sqrt_in_place(root, len);
-#pragma omp simd reduction(max : p_max, m_max, v_max) reduction(min : m_min, v_min) reduction(+ : zero)
+#pragma omp simd reduction(max : p_max, m_max, v_max) reduction(min : v_min) reduction(+ : zero)
       for (index_t j = 0; j < len; ++j) {
         const index_t i = r0 + j;
         const F pi = moved(element<S, F>{m[i], v[i], decayed[j]}, root[j], c);
@@ -119,20 +119,12 @@ struct cpu_adamw {
           zero += ps * F(0) + ms * F(0) + vs * F(0);
           p_max = std::max(p_max, std::fabs(ps));
           m_max = std::max(m_max, std::fabs(ms));
-          m_min = std::min(m_min, ms);
           v_max = std::max(v_max, std::fabs(vs));
           v_min = std::min(v_min, vs);
         }
       }
     }
-    if constexpr (Range) {
-      stored->known = n > 0 && zero == F(0);
-      stored->weight = p_max;
-      stored->state_max[0] = m_max;
-      stored->state_max[1] = v_max;
-      stored->state_min[0] = n > 0 ? m_min : 0.0;
-      stored->state_min[1] = n > 0 ? v_min : 0.0;
-    }
+    if constexpr (Range) *stored = {n > 0 && zero == F(0), p_max, {m_max, v_max}, n > 0 ? v_min : F(0)};
   }
 
   // Whether `last` (what the previous update stored, all finite) and the gradients' sum of squares
@@ -141,15 +133,15 @@ struct cpu_adamw {
   // double, so at least the largest square); |m'| ≤ |m| + w1(|g| + |m|); 0 ≤ v' ≤ β2·v + w2·g²;
   // |p'| ≤ |p·decay| + step_size·|m'|/eps (the denominator is at least eps). Conservative only:
   // false sends the check to its passes over the elements, which decide.
-  template <class M, class S, class F>
+  template <class S, class F>
   static bool within_range(const optim::update_range& last, const coefficients<F>& c, double sum_squares,
                            double weight_limit) {
     constexpr double margin = 1.01;  // float rounding of the few operations per value moves them by ulps
-    const double compute_limit = 0.5 * dtype_traits<F>::max_finite;
-    const double state_limit = std::min(compute_limit, 0.5 * dtype_traits<S>::max_finite);
+    constexpr double compute_limit = cpu_detail::update_limit<F>;
+    constexpr double state_limit = std::min(compute_limit, cpu_detail::update_limit<S>);
     const double w1 = c.w1, b2 = c.b2, w2 = c.w2, eps = c.eps, decay = c.decay, step_size = c.step_size;
     if (!last.known || !(w1 >= 0.0 && b2 >= 0.0 && w2 >= 0.0 && eps > 0.0 && c.bc2_sqrt > F(0)) ||
-        !(last.state_min[1] >= 0.0))
+        !(last.second_min >= 0.0))
       return false;
     const double g = std::sqrt(sum_squares) * std::fabs(static_cast<double>(c.grad_scale)) * margin;
     const double m = last.state_max[0], v = last.state_max[1];
@@ -178,9 +170,8 @@ struct cpu_adamw {
     const coefficients<F> c(*sc, d->grad_scale);
     // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
-    const double weight_limit = 0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
-                                                     : dtype_traits<M>::max_finite);
-    if (last != nullptr && within_range<M, S>(*last, c, d->sum_squares, weight_limit)) return;
+    const double weight_limit = cpu_detail::weight_update_limit<M, P>(check_working);
+    if (last != nullptr && within_range<S>(*last, c, d->sum_squares, weight_limit)) return;
     const F limit = static_cast<F>(weight_limit);
     const F inv_eps = F(1) / c.eps;
     F zero = 0;

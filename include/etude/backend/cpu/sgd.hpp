@@ -40,8 +40,7 @@ struct cpu_sgd {
 
   // SGD with momentum (PyTorch's): g ← g·grad_scale + wd·p; buf ← μ buf + g (buf ← g on the
   // first update); p ← p − lr·(nesterov ? g + μ buf : buf). Scalars and flags as adamw_update;
-  // with `stored`, the largest |p| and |buf| and the smallest buf it stored go there, as
-  // adamw_update records them.
+  // with `stored`, the largest |p| and |buf| it stored go there, as adamw_update records them.
   template <class M, class G, class S, class P = M>
   static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* sc,
                          const double* grad_scale, const int* skip, P* working = nullptr,
@@ -55,9 +54,8 @@ struct cpu_sgd {
   template <bool Range, class M, class G, class S, class P, class F>
   static void update_loop(M* p, const G* grad, S* buf, index_t n, const coefficients<F>& c, P* working,
                           optim::update_range* stored) {
-    F p_max = 0, b_max = 0, b_min = std::numeric_limits<F>::infinity(), zero = 0;
-#pragma omp parallel for simd schedule(static) reduction(max : p_max, b_max) reduction(min : b_min) \
-    reduction(+ : zero)
+    F p_max = 0, b_max = 0, zero = 0;
+#pragma omp parallel for simd schedule(static) reduction(max : p_max, b_max) reduction(+ : zero)
     for (index_t i = 0; i < n; ++i) {
       const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
       buf[i] = e.buf;
@@ -69,27 +67,21 @@ struct cpu_sgd {
         zero += ps * F(0) + bs * F(0);
         p_max = std::max(p_max, std::fabs(ps));
         b_max = std::max(b_max, std::fabs(bs));
-        b_min = std::min(b_min, bs);
       }
     }
-    if constexpr (Range) {
-      stored->known = n > 0 && zero == F(0);
-      stored->weight = p_max;
-      stored->state_max[0] = b_max;
-      stored->state_min[0] = n > 0 ? b_min : 0.0;
-    }
+    if constexpr (Range) *stored = {n > 0 && zero == F(0), p_max, {b_max, 0.0}, 0.0};
   }
 
   // Whether `last` and the gradients' sum of squares bound every value this update would store
   // below the check's limits (as cpu_adamw::within_range): |g| ≤ sqrt(Σ g²)·grad_scale + wd·|p|;
   // |buf'| ≤ μ·|buf| + |g| (|g| on the first update); |p'| ≤ |p| + lr·(|g| + μ·|buf'|) with
   // Nesterov, |p| + lr·|buf'| without. Conservative only.
-  template <class M, class S, class F>
+  template <class S, class F>
   static bool within_range(const optim::update_range& last, const coefficients<F>& c, double sum_squares,
                            double weight_limit) {
     constexpr double margin = 1.01;
-    const double compute_limit = 0.5 * dtype_traits<F>::max_finite;
-    const double state_limit = std::min(compute_limit, 0.5 * dtype_traits<S>::max_finite);
+    constexpr double compute_limit = cpu_detail::update_limit<F>;
+    constexpr double state_limit = std::min(compute_limit, cpu_detail::update_limit<S>);
     if (!last.known) return false;
     const double lr = std::fabs(static_cast<double>(c.lr)), mu = std::fabs(static_cast<double>(c.mu));
     const double g = (std::sqrt(sum_squares) * std::fabs(static_cast<double>(c.grad_scale)) +
@@ -109,9 +101,8 @@ struct cpu_sgd {
     using F = cpu_detail::compute_of<M>;
     const coefficients<F> c(*sc, d->grad_scale);
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
-    const double weight_limit = 0.5 * (check_working ? std::min(dtype_traits<P>::max_finite, dtype_traits<M>::max_finite)
-                                                     : dtype_traits<M>::max_finite);
-    if (last != nullptr && within_range<M, S>(*last, c, d->sum_squares, weight_limit)) return;
+    const double weight_limit = cpu_detail::weight_update_limit<M, P>(check_working);
+    if (last != nullptr && within_range<S>(*last, c, d->sum_squares, weight_limit)) return;
     // first whether there is one: each stored value times 0 is 0 when finite and NaN when not, so
     // a sum in any order says it, in one vectorised reduction; then, only if so, which is first
     F zero = 0;

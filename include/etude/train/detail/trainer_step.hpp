@@ -513,7 +513,8 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
     value_type* master = master_.device() + lo;
     // an update from finite gradients that would overflow is refused here, before it writes; from
-    // the range the last update stored where nothing has written the weights or states since
+    // the range the last update stored where nothing has written the weights or states since (a
+    // host struct, so only where the ops run on the host)
     if (state_host_writes() != range_writes_) stored_range_.known = false;
     optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
                                        state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working),

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -31,6 +32,17 @@ inline bool finite(T x) {
 }
 
 inline int threads() { return omp_get_max_threads(); }
+
+// What an optimiser's check (adamw_check, sgd_check) lets a value it would store reach: half the
+// largest finite value of its dtype, since float rounding of the few operations per value moves a
+// bound by a few ulp.
+template <class T>
+inline constexpr double update_limit = 0.5 * dtype_traits<T>::max_finite;
+// The weight's: the master's, or also the working copy's where that is checked (another dtype).
+template <class M, class P>
+inline double weight_update_limit(bool check_working) {
+  return check_working ? std::min(update_limit<M>, update_limit<P>) : update_limit<M>;
+}
 
 // Elements below which a loop of independent rows or elements runs on one thread: opening an
 // OpenMP region costs microseconds, and on a busy machine a passive thread waits a scheduler slice,
