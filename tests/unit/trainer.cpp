@@ -42,7 +42,26 @@ struct snapshot {
   }
 };
 
+// The CPU op set counting AdamW checks handed a known range of the last update (which may then
+// decide without reading the elements) and checks handed none.
+struct range_counting_cpu : etude::backend::cpu {
+  static inline int from_range = 0, without_range = 0;
+  template <class M, class G, class S, class P = M>
+  static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
+                          const etude::optim::adamw::scalars* sc, etude::step_decision* d, const P* working = nullptr,
+                          const etude::optim::update_range* last = nullptr) {
+    ++(last != nullptr && last->known ? from_range : without_range);
+    etude::backend::cpu::adamw_check(p, grad, m, v, n, sc, d, working, last);
+  }
+};
+
 }  // namespace
+
+template <>
+class etude::step_executor<range_counting_cpu> : public etude::step_executor<etude::backend::cpu> {
+ public:
+  using step_executor<etude::backend::cpu>::step_executor;
+};
 
 TEST_CASE("schedules are evaluated before the update, with linear warmup", "[schedule]") {
   etude::hyper h;
@@ -324,6 +343,37 @@ TEST_CASE("the update's check reads the state again after the host wrote it", "[
   expect_refused("through restore()");
   tr.restore(tr.steps_done(), good.params, good.m, good.v);
   CHECK(std::isfinite(tr.step(random_batch(2, 8, 18)).ce));
+}
+
+TEST_CASE("the trainer hands the update's check the last update's range until the host writes", "[step]") {
+  // the range is what lets the check skip its passes over the elements; a writable view of the
+  // weights or states (whatever is written through it) must make the next check read them
+  using counted = range_counting_cpu;
+  etude::hyper h;
+  h.lr = 1e-3;
+  etude::trainer<etude::train_config<lm>, counted> tr{h};
+  std::uint64_t seed = 20;
+  // (checks handed a known range, checks handed none) over one step
+  auto step = [&] {
+    counted::from_range = counted::without_range = 0;
+    tr.step(random_batch(2, 8, seed++));
+    return std::pair{counted::from_range, counted::without_range};
+  };
+  using counts = std::pair<int, int>;
+  CHECK(step() == counts{0, 1});  // no update has stored a range yet
+  CHECK(step() == counts{1, 0});
+  CHECK(step() == counts{1, 0});
+  const auto& seen = tr;  // read-only views leave it
+  CHECK(seen.parameters().size() == seen.optimizer_state(1).size());
+  CHECK(step() == counts{1, 0});
+  tr.optimizer_state(1);
+  CHECK(step() == counts{0, 1});
+  CHECK(step() == counts{1, 0});
+  tr.parameters();
+  CHECK(step() == counts{0, 1});
+  tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  CHECK(step() == counts{0, 1});
+  CHECK(step() == counts{1, 0});
 }
 
 TEST_CASE("hyperparameters out of their domain are named", "[errors]") {
