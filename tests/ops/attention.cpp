@@ -13,6 +13,7 @@
 #include <etude/etude.hpp>
 
 #include "ops/oracle.hpp"
+#include "product_paths.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
@@ -95,36 +96,15 @@ std::vector<etude::bf16> narrow(const std::vector<double>& v) {
   return b;
 }
 
+// Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
+bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
+
 // bf16 q, k, v and dO (cpu_gemm's bf16 dot products where this CPU has them, else widened to
 // float) against the double path on the same values. With dot products P and dS are rounded to
 // bf16 (relative error ≤ u each) before they meet V, dO, Q and K; the output is rounded once more.
 // Float's own errors (scores, exp, sums over ≤ 600 terms) stay below 2^-12 of the terms' size.
 // Without dot products (widened) nothing but the output is rounded: the bound drops P's and dS's u.
 // Returns the bf16 output.
-// Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
-// bf16 products widened to float while it lives, as on a CPU without bf16 dot-product
-// instructions: etude's own kernels off, and oneDNN's bf16 matmul where it is linked.
-struct widened_products {
-  const bool own = cpu::own_bf16_products();
-#ifdef ETUDE_WITH_DNNL
-  const bool dnnl = etude::backend::cpu_detail::dnnl_gemm::instance().active(etude::backend::cpu_detail::dnnl_operands::bf16);
-#else
-  const bool dnnl = false;
-#endif
-  widened_products() { set(false, false); }
-  ~widened_products() { set(own, dnnl); }
-  widened_products(const widened_products&) = delete;
-  widened_products& operator=(const widened_products&) = delete;
-  static void set(bool own_on, [[maybe_unused]] bool dnnl_on) {
-    cpu::set_own_bf16_products(own_on);
-#ifdef ETUDE_WITH_DNNL
-    etude::backend::cpu_detail::dnnl_gemm::instance().set_enabled(etude::backend::cpu_detail::dnnl_operands::bf16, dnnl_on);
-#endif
-  }
-};
-
-bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
-
 std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int heads) {
   using etude::bf16;
   constexpr index_t hd = 64;
@@ -227,7 +207,7 @@ TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS"
   if (attention_dots()) {
     // the widened path, as on a CPU without the instructions, within its tighter bound; the two
     // paths differ (the dot products' rounded probabilities show in the output)
-    widened_products widened;
+    etude::test::bf16_path_scope widened(etude::test::bf16_path::widened);
     const auto shorter_widened = check_bf16_attention(2, cpu::attention_rows(64) + 9, 2);
     const auto longer_widened = check_bf16_attention(1, 600, 1);
     CHECK(!same_bits(shorter, shorter_widened));
@@ -360,7 +340,7 @@ TEST_CASE("bf16 cross-attention stays within the rounding of its probabilities a
   INFO(cpu::bf16_products());
   const auto att = check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2);
   if (cpu::bf16_dot_products()) {
-    widened_products widened;
+    etude::test::bf16_path_scope widened(etude::test::bf16_path::widened);
     CHECK(!same_bits(att, check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2)));
   }
 }

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include <etude/etude.hpp>
 
 #include "ops/oracle.hpp"
+#include "product_paths.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
@@ -107,16 +109,42 @@ TEST_CASE("gemm_gelu is the product then gelu_fwd, bit for bit", "[ops]") {
   STATIC_REQUIRE(etude::ops::fuses_gemm_gelu<cpu>);
 }
 
+// A workspace filled with a pattern no product writes, to show a product left it alone.
+constexpr std::uint32_t untouched = 0x7fc0dead;
+void mark(std::vector<float>& ws) {
+  for (float& w : ws) std::memcpy(&w, &untouched, sizeof w);
+}
+bool unmarked(const std::vector<float>& ws) {
+  for (const float w : ws)
+    if (std::memcmp(&w, &untouched, sizeof w) != 0) return true;
+  return false;
+}
+
+// `each(t)` on two threads of one parallel region at once, every thread's result kept.
+template <class F>
+auto on_two_threads(const F& each) {
+  std::array<decltype(each(0)), 2> out;
+#pragma omp parallel num_threads(2)
+  out[std::size_t(omp_get_thread_num())] = each(omp_get_thread_num());
+  return out;
+}
+
+// What products inside a parallel region promise on every path (cpu_gemm's header): the same bits
+// as each product alone at top level on one thread, and the caller's workspace, shared by the
+// region's threads, never touched.
 // GELU and its backward as epilogues of the bf16 kernels (cpu::gelu_epilogues(): each block of the
 // product looked up while in cache) against the product followed by the elementwise pass: the same
 // bits, on shapes that take each of the kernels' schedules (B packed once, packed in passes, packed
 // panel by panel), blocks cut short in rows and columns, a leading dimension wider than the product,
-// with the caller's workspace, without one, and inside a parallel region (each thread its own
-// product). Pre-activations of about ±2, where GELU bends.
+// with the caller's workspace, without one, and inside a parallel region (two threads each a product
+// of its own rows, handed the same workspace). On the other paths the pair itself. Against the
+// whole product at top level where etude's kernels multiply (the same bits on any team and any cut
+// of rows), else against each thread's rows multiplied alone on one thread (oneDNN promises the
+// same bits for one shape and thread count, no more). Pre-activations of about ±2, where GELU bends.
 void check_gelu_epilogues(bool tb, index_t m, index_t n, index_t k, bool with_workspace, bool nested) {
   using etude::bf16;
   INFO("tb " << tb << " m " << m << " n " << n << " k " << k << " workspace " << with_workspace << " nested "
-             << nested << " epilogues " << cpu::gelu_epilogues());
+             << nested << " epilogues " << cpu::gelu_epilogues() << " path " << cpu::bf16_products());
   const index_t ldc = n + 3, ldb = tb ? k : n;
   const double s = 2.0 / std::pow(double(k), 0.25);
   const auto a = stored<bf16>(random_vector(std::size_t(m * k), 51, s));
@@ -137,14 +165,25 @@ void check_gelu_epilogues(bool tb, index_t m, index_t n, index_t k, bool with_wo
       if (rows > 0) each(r0, rows);
     }
   };
+  if (nested) mark(ws);
   run([&](index_t r0, index_t rows) {
     cpu::gemm_gelu(false, tb, rows, n, k, a.data() + r0 * k, k, b.data(), ldb, pre.data() + r0 * ldc,
                    act.data() + r0 * ldc, ldc, w);
     cpu::gemm_gelu_bwd(false, tb, rows, n, k, a.data() + r0 * k, k, b.data(), ldb, dy.data() + r0 * ldc,
                        other.data() + r0 * ldc, ldc, w);
   });
-  cpu::gemm(false, tb, m, n, k, 1.0, a.data(), k, b.data(), ldb, 0.0, want_pre.data(), ldc, ws.data());
-  cpu::gemm(false, tb, m, n, k, 1.0, a.data(), k, b.data(), ldb, 0.0, want_dy.data(), ldc, ws.data());
+  if (nested) CHECK_FALSE(unmarked(ws));
+  const bool by_parts = nested && !cpu::own_bf16_products();
+  const int team = omp_get_max_threads();
+  if (by_parts) omp_set_num_threads(1);
+  for (index_t r0 = 0; r0 < m; r0 += by_parts ? part : m) {
+    const index_t rows = std::min(m - r0, by_parts ? part : m);
+    cpu::gemm(false, tb, rows, n, k, 1.0, a.data() + r0 * k, k, b.data(), ldb, 0.0, want_pre.data() + r0 * ldc, ldc,
+              ws.data());
+    cpu::gemm(false, tb, rows, n, k, 1.0, a.data() + r0 * k, k, b.data(), ldb, 0.0, want_dy.data() + r0 * ldc, ldc,
+              ws.data());
+  }
+  omp_set_num_threads(team);
   for (index_t r = 0; r < m; ++r) {
     cpu::gelu_fwd(want_act.data() + r * ldc, want_pre.data() + r * ldc, n);
     cpu::gelu_bwd(want_dy.data() + r * ldc, other.data() + r * ldc, n);
@@ -159,15 +198,20 @@ void check_gelu_epilogues(bool tb, index_t m, index_t n, index_t k, bool with_wo
 }
 
 TEST_CASE("GELU and its backward as epilogues of the bf16 products are the product then the elementwise pass, "
-          "bit for bit",
+          "bit for bit, on every bf16 path",
           "[ops]") {
-  // where the bf16 products run on etude's kernels the lookups are their epilogues, not the pass after
-  if (cpu::own_bf16_products()) CHECK(cpu::gelu_epilogues());
-  check_gelu_epilogues(true, 203, 150, 70, true, false);     // B packed once, blocks of 96 rows and a short one
-  check_gelu_epilogues(false, 700, 600, 3000, true, false);  // B in passes: more panels than the workspace holds
-  check_gelu_epilogues(false, 90, 520, 3100, true, false);   // panel by panel: B too large, A small
-  check_gelu_epilogues(true, 61, 77, 33, false, false);      // no workspace: the thread's own buffer, odd k
-  check_gelu_epilogues(true, 97, 130, 64, true, true);       // two products side by side in a parallel region
+  for (const auto path : etude::test::bf16_paths_here()) {
+    etude::test::bf16_path_scope on(path);
+    INFO("path " << etude::test::name(path));
+    // where the bf16 products run on etude's kernels the lookups are their epilogues, not the pass after
+    if (cpu::own_bf16_products()) CHECK(cpu::gelu_epilogues());
+    check_gelu_epilogues(true, 203, 150, 70, true, false);     // B packed once, blocks of 96 rows and a short one
+    check_gelu_epilogues(false, 700, 600, 3000, true, false);  // B in passes: more panels than the workspace holds
+    check_gelu_epilogues(false, 90, 520, 3100, true, false);   // panel by panel: B too large, A small
+    check_gelu_epilogues(true, 61, 77, 33, false, false);      // no workspace: the thread's own buffer, odd k
+    check_gelu_epilogues(true, 97, 130, 64, true, true);       // two products side by side in a parallel region
+    check_gelu_epilogues(false, 96, 200, 1000, true, true);    // the same, B not transposed, a long reduction
+  }
 }
 
 // Products of two bf16 operands go to oneDNN's matmul in a program that links etude::dnnl, on a CPU
@@ -192,23 +236,21 @@ void check_paths(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha
   };
   const auto got = run(ws.data()), again = run(ws.data());
   CHECK(std::memcmp(got.data(), again.data(), got.size() * sizeof(TC)) == 0);
-  if (std::is_same_v<T, etude::bf16> && cpu::own_bf16_products()) {
-    // etude's kernels sum each result in an order fixed by k alone: the same bits without a
-    // workspace (another schedule), on one thread, and inside a parallel region
-    CHECK(std::memcmp(got.data(), run(nullptr).data(), got.size() * sizeof(TC)) == 0);
-    const int team = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const auto alone = run(ws.data());
-    omp_set_num_threads(team);
+  // every path: without a workspace the same bits; inside a parallel region, two threads at once
+  // handed the same workspace, each the bits of the product alone on one thread, the workspace
+  // untouched
+  CHECK(std::memcmp(got.data(), run(nullptr).data(), got.size() * sizeof(TC)) == 0);
+  const int team = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto alone = run(ws.data());
+  omp_set_num_threads(team);
+  mark(ws);
+  const auto nested = on_two_threads([&](int) { return run(ws.data()); });
+  CHECK_FALSE(unmarked(ws));
+  for (const auto& each : nested) CHECK(std::memcmp(alone.data(), each.data(), alone.size() * sizeof(TC)) == 0);
+  // etude's kernels sum each result in an order fixed by k alone: one thread is two threads' bits
+  if (std::is_same_v<T, etude::bf16> && cpu::own_bf16_products())
     CHECK(std::memcmp(got.data(), alone.data(), got.size() * sizeof(TC)) == 0);
-    std::vector<TC> nested;
-#pragma omp parallel num_threads(2)
-    {
-#pragma omp single
-      nested = run(ws.data());
-    }
-    CHECK(std::memcmp(got.data(), nested.data(), got.size() * sizeof(TC)) == 0);
-  }
   const auto aw = widened(a), bw = widened(b), cw = widened(c0);
   std::vector<double> want = cw, magnitude(want.size());
   for (index_t i = 0; i < m; ++i)
@@ -250,8 +292,16 @@ void check_named(const std::string& path) {
 #endif
 }
 
-TEST_CASE("bf16 products: the path bf16_products() names, within float roundings of the exact sums", "[ops]") {
-  const auto all_shapes = [] {
+TEST_CASE("bf16 products: the path bf16_products() names, within float roundings of the exact sums, on every "
+          "bf16 path",
+          "[ops]") {
+  check_named(cpu::bf16_products());
+  for (const auto path : etude::test::bf16_paths_here()) {
+    etude::test::bf16_path_scope on(path);
+    INFO("path " << etude::test::name(path) << ": " << cpu::bf16_products());
+    CHECK((cpu::bf16_products().rfind("etude's", 0) == 0) == (path == etude::test::bf16_path::own));
+    CHECK((cpu::bf16_products().rfind("oneDNN", 0) == 0) == (path == etude::test::bf16_path::onednn));
+    CHECK((cpu::bf16_products().rfind("fp32 sgemm on widened", 0) == 0) == (path == etude::test::bf16_path::widened));
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         check_paths<etude::bf16, float>(ta, tb, 37, 70, 300, 1.0, 0.0);
@@ -259,50 +309,27 @@ TEST_CASE("bf16 products: the path bf16_products() names, within float roundings
         check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
         check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
       }
-  };
-  INFO(cpu::bf16_products());
-  const bool own = cpu::own_bf16_products();
-  if (own) {
-    CHECK(cpu::bf16_products().find("etude's AVX512_BF16") != std::string::npos);
-    all_shapes();
-    // op(B) larger than the workspace (a weight gradient's shape): both of bf16_pairs::gemm's
-    // schedules, an odd reduction, an empty one
+    // op(B) larger than the workspace (a weight gradient's shape: both of bf16_pairs::gemm's
+    // schedules), an odd reduction, an empty one
     check_paths<etude::bf16, float>(true, false, 40, 1600, 1031, 1.0, 1.0);
     check_paths<etude::bf16, etude::bf16>(false, true, 150, 1600, 1030, 0.5, 0.25);
     check_paths<etude::bf16, etude::bf16>(false, false, 7, 9, 0, 1.0, 0.5);
-    {
-      // a room of two panels: op(B) packed in passes, the same bits as packed at once
-      namespace pairs = etude::backend::cpu_detail::bf16_pairs;
-      const index_t m = 200, n = 150, k = 130;
-      const auto a = stored<etude::bf16>(random_vector(std::size_t(m * k), 71));
-      const auto b = stored<etude::bf16>(random_vector(std::size_t(n * k), 72));
-      std::vector<etude::bf16> whole(std::size_t(m * n)), passes(whole.size());
-      std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
-      cpu::gemm(false, true, m, n, k, 1.0, a.data(), k, b.data(), k, 0.0, whole.data(), n, ws.data());
-      std::vector<pairs::word> room(std::size_t(2 * k / 2 * pairs::panel_columns));
-      pairs::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, passes.data(), n, room.data(),
-                  room.size() * sizeof(pairs::word));
-      CHECK(std::memcmp(whole.data(), passes.data(), whole.size() * sizeof(etude::bf16)) == 0);
-    }
-    cpu::set_own_bf16_products(false);
-    CHECK_FALSE(cpu::own_bf16_products());
-    INFO(cpu::bf16_products());
-    CHECK(cpu::bf16_products().find("etude's") == std::string::npos);
   }
-  // oneDNN where it is linked and native here, else widened
-  check_named(cpu::bf16_products());
-  all_shapes();
-#ifdef ETUDE_WITH_DNNL
-  // the widened path, as on a CPU without the instructions, meets the same bound
-  using etude::backend::cpu_detail::dnnl_operands;
-  auto& dnnl = etude::backend::cpu_detail::dnnl_gemm::instance();
-  dnnl.set_enabled(dnnl_operands::bf16, false);
-  CHECK(cpu::bf16_products().find("widened") != std::string::npos);
-  check_paths<etude::bf16, float>(true, false, 37, 70, 300, 0.5, 1.0);
-  check_paths<etude::bf16, etude::bf16>(false, true, 64, 33, 129, 1.0, 0.0);
-  dnnl.set_enabled(dnnl_operands::bf16, true);
-#endif
-  cpu::set_own_bf16_products(own);
+  if (etude::backend::cpu_detail::bf16_pairs::available()) {
+    // a room of two panels: op(B) packed in passes, the same bits as packed at once
+    etude::test::bf16_path_scope on(etude::test::bf16_path::own);
+    namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+    const index_t m = 200, n = 150, k = 130;
+    const auto a = stored<etude::bf16>(random_vector(std::size_t(m * k), 71));
+    const auto b = stored<etude::bf16>(random_vector(std::size_t(n * k), 72));
+    std::vector<etude::bf16> whole(std::size_t(m * n)), passes(whole.size());
+    std::vector<float> ws(static_cast<std::size_t>(cpu::gemm_workspace_floats));
+    cpu::gemm(false, true, m, n, k, 1.0, a.data(), k, b.data(), k, 0.0, whole.data(), n, ws.data());
+    std::vector<pairs::word> room(std::size_t(2 * k / 2 * pairs::panel_columns));
+    pairs::gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, passes.data(), n, room.data(),
+                room.size() * sizeof(pairs::word));
+    CHECK(std::memcmp(whole.data(), passes.data(), whole.size() * sizeof(etude::bf16)) == 0);
+  }
 }
 
 TEST_CASE("float products: the path float_products() names, and OpenBLAS, within float roundings", "[ops]") {

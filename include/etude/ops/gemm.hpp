@@ -4,7 +4,10 @@
 //       C(m, n) = alpha · op(A)(m, k) · op(B)(k, n) + beta · C: `=` with beta 0, `+=` with beta 1
 //       (the residual stream and the weight gradients accumulate this way). Row-major; op(X) is X
 //       or its transpose; summed in the compute type and rounded once into C's dtype.
-//       workspace: gemm_workspace_bytes<Policy>() bytes the caller provides (0: none needed).
+//       workspace: gemm_workspace_bytes<Policy>() bytes the caller provides (0: none needed). It
+//       serves one product at a time, except that threads of one parallel region (CPU) may hand their
+//       concurrent products the same workspace: those use buffers of their own, and each gives the
+//       same bits as that product called alone on one thread.
 //   gemm_gelu(ta, tb, m, n, k, A, lda, B, ldb, pre, act, ldc)
 //       pre(m, n) = op(A)·op(B), act = GELU(pre) (exact erf, as gelu_fwd); bit-identical to gemm
 //       with alpha 1, beta 0 followed by gelu_fwd(act, pre).

@@ -9,7 +9,15 @@
 // multiplies them as float products. float_products() and bf16_products() name the paths taken.
 // GELU and its backward are epilogues of the bf16 kernels (gemm_gelu, gemm_gelu_bwd; the same bits
 // as the product followed by the elementwise pass, which other paths take).
+//
+// Products called from inside a parallel region run on the calling thread alone, and never touch
+// the caller's workspace: threads of one team may each run a product with the same workspace
+// (etude's nested calls and a user's loop may), so every path takes buffers of the calling
+// thread's own there (oneDNN's scratchpad and accumulator, the widened tiles, the packed panels).
+// Such a product gives the same bits as the same product called at top level on one thread.
 #pragma once
+
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +26,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "etude/backend/cpu/detail/bf16_gemm.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
@@ -35,7 +44,8 @@ namespace etude::backend {
 
 struct cpu_gemm {
   static constexpr index_t gemm_tile = 512;  // 3 MiB of workspace; fewer, larger sgemm calls
-  // Floats of workspace a product with a 16-bit operand needs (three tiles); the caller passes it.
+  // Floats of workspace a product with a 16-bit operand uses (three tiles), passed by the caller;
+  // without one (or inside a parallel region) buffers of the calling thread's own serve instead.
   static constexpr index_t gemm_workspace_floats = 3 * gemm_tile * gemm_tile;
   template <class TA, class TB, class TC>
   static constexpr bool gemm_is_blas = std::is_same_v<TA, TB> && std::is_same_v<TA, TC> &&
@@ -108,10 +118,13 @@ struct cpu_gemm {
     } else {
       static_assert(!std::is_same_v<TA, double> && !std::is_same_v<TB, double> && !std::is_same_v<TC, double>,
                     "cpu::gemm: double operands cannot be mixed with other dtypes");
+      // inside a parallel region the workspace may be another thread's at this moment (see the top)
+      const bool nested = omp_in_parallel() != 0;
+      float* const ws = nested ? nullptr : workspace;
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (own_bf16_products()) {
           cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
-                                       static_cast<float>(beta), c, ldc, workspace, workspace_bytes(workspace));
+                                       static_cast<float>(beta), c, ldc, ws, workspace_bytes(ws));
           return;
         }
       }
@@ -119,15 +132,12 @@ struct cpu_gemm {
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (k > 0 && cpu_detail::dnnl_gemm::instance().run(
                          cpu_detail::dnnl_operands::bf16, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda,
-                         b, ldb, static_cast<float>(beta), c, ldc, std::is_same_v<TC, bf16>, workspace,
-                         workspace_bytes(workspace)))
+                         b, ldb, static_cast<float>(beta), c, ldc, std::is_same_v<TC, bf16>, ws, workspace_bytes(ws)))
           return;
       }
 #endif
-      if (workspace == nullptr)
-        throw error("cpu::gemm: a product with a 16-bit operand needs a workspace of gemm_workspace_floats floats");
-      gemm_tiled(workspace, trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
-                 static_cast<float>(beta), c, ldc);
+      gemm_tiled(ws != nullptr ? ws : own_tiles(), trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b,
+                 ldb, static_cast<float>(beta), c, ldc);
     }
   }
 
@@ -214,6 +224,12 @@ struct cpu_gemm {
   // Bytes of a caller's workspace (gemm_workspace_floats floats), 0 without one.
   static std::size_t workspace_bytes(const float* workspace) {
     return workspace == nullptr ? 0 : gemm_workspace_floats * sizeof(float);
+  }
+  // The widened path's three tiles where the caller's workspace is absent or may be in use: the
+  // calling thread's own.
+  static float* own_tiles() {
+    thread_local std::vector<float> tiles(static_cast<std::size_t>(gemm_workspace_floats));
+    return tiles.data();
   }
 
   static std::atomic<bool>& own_enabled() {

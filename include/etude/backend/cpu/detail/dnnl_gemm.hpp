@@ -66,9 +66,11 @@ class dnnl_gemm {
 
   // C = alpha·op(A)·op(B) + beta·C, row-major: A and B float, C float (f32); or A and B bf16 bits,
   // C float or (c_bf16) bf16 bits (bf16).
-  // oneDNN's scratchpad is the caller's workspace (the one the widened path would use; a step's
-  // products need at most a few hundred KiB of it) where it is large enough, else a buffer of the
-  // calling thread's own. Returns false when the oneDNN path is off (the caller widens).
+  // oneDNN's scratchpad (where a bf16 result is summed in float, among others) is the caller's
+  // workspace (the one the widened path would use; a step's products need at most a few hundred
+  // KiB of it) where it is large enough, else a buffer of the calling thread's own. Only one
+  // product may use a workspace at a time: cpu_gemm passes none from inside a parallel region.
+  // Returns false when the oneDNN path is off (the caller widens).
   bool run(dnnl_operands o, bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const void* a,
            index_t lda, const void* b, index_t ldb, float beta, void* c, index_t ldc, bool c_bf16, void* workspace,
            std::size_t workspace_bytes) {
