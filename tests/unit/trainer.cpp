@@ -2,11 +2,18 @@
 // determinism, initialisation, and bad input refused with a clear error and no state changed.
 #include <catch2/catch.hpp>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <numbers>
+#include <vector>
 
 #include <etude/etude.hpp>
+
+#include "../product_paths.hpp"
 
 namespace pat = etude::pattern;
 using etude::index_t;
@@ -222,6 +229,57 @@ TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism
   etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> c{h};
   CHECK(std::memcmp(c.parameters().data(), etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>>{}.parameters().data(),
                     c.parameters().size() * sizeof(float)) != 0);
+}
+
+// bf16 training's bits on every path bf16 products can take here (etude's kernels, oneDNN on the
+// CPU's bf16 instructions or AMX tiles, widened sgemm), so no claim rests on the path a CPU picks:
+// the same weights and moments after 3 steps on every run; the same as one thread on etude's kernels,
+// whose products do not depend on the team (oneDNN promises one shape and thread count, no more);
+// and two trainers stepped at once by the threads of a parallel region (every product then on its
+// thread alone, the workspaces each trainer's own) each equal to one trainer on one thread.
+TEST_CASE("bf16 training: the same bits on every run, on every bf16 path, nested or not", "[step][determinism]") {
+  static constexpr etude::shape s{.codebooks = 4, .card = 64, .dim = 128, .heads = 2, .layers = 2, .max_len = 64};
+  using cfg = etude::train_config<etude::model<s, pat::delay<0, 1, 2, 3>>, etude::precision::bf16,
+                                  etude::accumulate<2>, etude::checkpointing::selective>;
+  using trainer = etude::cpu_trainer<cfg>;
+  etude::hyper h;
+  h.lr = 3e-3;
+  h.warmup_steps = 1;
+  h.total_steps = 10;
+  const auto batch = [](std::uint64_t seed) {
+    etude::token_batch b(4, s.codebooks, 40);
+    etude::rng r(seed);
+    for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(s.card));
+    return b;
+  };
+  const auto train = [&] {
+    auto t = std::make_unique<trainer>(h);
+    for (std::uint64_t step = 0; step < 3; ++step) t->step(batch(60 + step));
+    return snapshot<trainer>(*t);
+  };
+  for (const auto path : etude::test::bf16_paths_here()) {
+    etude::test::bf16_path_scope on(path);
+    INFO("path " << etude::test::name(path) << ": " << etude::backend::cpu::bf16_products());
+    const auto first = train();
+    for (int run = 0; run < 3; ++run) CHECK(train() == first);
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto alone = train();
+    omp_set_num_threads(team);
+    if (path == etude::test::bf16_path::own) CHECK(alone == first);
+    std::vector<snapshot<trainer>> nested;
+    std::mutex m;
+#pragma omp parallel num_threads(2)
+    {
+      auto mine = train();
+      std::lock_guard lock(m);
+      nested.push_back(std::move(mine));
+    }
+    REQUIRE(nested.size() == 2);
+    CHECK(nested[0] == alone);
+    CHECK(nested[1] == alone);
+    CHECK_FALSE(alone.params == snapshot<trainer>(*std::make_unique<trainer>(h)).params);
+  }
 }
 
 TEST_CASE("initialisation follows AudioCraft", "[init]") {
