@@ -13,6 +13,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/step_control.cuh"
 #include "etude/backend/cuda/tuning.cuh"
@@ -116,9 +117,9 @@ void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw
                   const double* grad_scale, const int* skip, P* working = nullptr) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, M>;
-  detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
-          dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
+  ETUDE_LAUNCH((detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
+               detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
+      (dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
   ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
 }
 
@@ -135,11 +136,12 @@ void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n, c
   auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
   // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
   const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
-  detail::adamw_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>
-      <<<blocks, tune::threads, 0, ctx.stream()>>>(dev(p), dev(grad), dev(m), dev(v), check_working, n, scalars, d,
-                                                   partial);
+  ETUDE_LAUNCH(
+      (detail::adamw_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
+      blocks, tune::threads, 0, ctx.stream())
+      (dev(p), dev(grad), dev(m), dev(v), check_working, n, scalars, d, partial);
   ETUDE_CUDA_CHECK_LAUNCH("adamw_check_partial");
-  detail::refuse_first_kernel<tune::threads><<<1, tune::threads, 0, ctx.stream()>>>(partial, blocks, d);
+  ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
   ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
 }
 

@@ -27,6 +27,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -431,7 +432,7 @@ void fwd(const fwd_args<device_t<T>>& args, index_t batch) {
   constexpr std::size_t smem = fwd_layout<D, HD, rows, cols, warps>::bytes;
   set_smem<kernel>(smem, "attention_fwd");
   const dim3 grid(static_cast<unsigned>((args.steps + rows - 1) / rows), static_cast<unsigned>(batch * args.heads));
-  kernel<<<grid, 32 * warps, smem, current().stream()>>>(args);
+  ETUDE_LAUNCH(kernel, grid, 32 * warps, smem, current().stream())(args);
   ETUDE_CUDA_CHECK_LAUNCH("flash_attention_fwd");
 }
 
@@ -445,10 +446,14 @@ void bwd(bwd_args<device_t<T>> args, index_t batch) {
   set_smem<kernel>(smem, "attention_bwd");
   const unsigned bh = static_cast<unsigned>(batch * args.heads);
   args.role = 0;
-  kernel<<<dim3(static_cast<unsigned>((args.steps + cols - 1) / cols), bh), 32 * warps, smem, current().stream()>>>(args);
+  ETUDE_LAUNCH(kernel, dim3(static_cast<unsigned>((args.steps + cols - 1) / cols), bh), 32 * warps, smem,
+               current().stream())
+      (args);
   ETUDE_CUDA_CHECK_LAUNCH("flash_attention_bwd (dK, dV)");
   args.role = 1;
-  kernel<<<dim3(static_cast<unsigned>((args.steps + rows - 1) / rows), bh), 32 * warps, smem, current().stream()>>>(args);
+  ETUDE_LAUNCH(kernel, dim3(static_cast<unsigned>((args.steps + rows - 1) / rows), bh), 32 * warps, smem,
+               current().stream())
+      (args);
   ETUDE_CUDA_CHECK_LAUNCH("flash_attention_bwd (dQ)");
 }
 
@@ -493,8 +498,8 @@ void attention_bwd(T* dqkv, const T* datt, const T* att, const T* qkv, const flo
     const index_t warps = batch * steps * heads;
     constexpr int threads = 256;
     const auto blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
-    detail::attn::attention_delta<D, HeadDim>
-        <<<blocks, threads, 0, current().stream()>>>(dev(dqkv), dev(datt), dev(att), batch * steps, heads);
+    ETUDE_LAUNCH((detail::attn::attention_delta<D, HeadDim>), blocks, threads, 0, current().stream())
+        (dev(dqkv), dev(datt), dev(att), batch * steps, heads);
     ETUDE_CUDA_CHECK_LAUNCH("attention_delta");
   } else {
     detail::attn::fwd_args<D> a{dev(qkv), nullptr, nullptr, dev(datt), dev(dqkv), steps, heads, 1, scale};

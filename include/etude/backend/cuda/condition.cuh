@@ -19,6 +19,7 @@
 #include "etude/backend/cuda/check.cuh"
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -129,8 +130,8 @@ void condition_gather(A* rows, const W* table, const std::int32_t* index, index_
                       index_t stride) {
   if (batch <= 0 || width <= 0) return;
   using tune = tuning<op::condition, A>;
-  detail::cond::gather<<<detail::cond::grid<A>(batch * width), tune::threads, 0, current().stream()>>>(
-      dev(rows), dev(table), index, batch, width, stride);
+  ETUDE_LAUNCH(detail::cond::gather, detail::cond::grid<A>(batch * width), tune::threads, 0, current().stream())
+      (dev(rows), dev(table), index, batch, width, stride);
   ETUDE_CUDA_CHECK_LAUNCH("condition gather");
 }
 
@@ -140,8 +141,8 @@ void condition_gather_bwd(G* dtable, const A* drows, const std::int32_t* index, 
                           index_t stride) {
   if (batch <= 0 || width <= 0) return;
   using tune = tuning<op::condition, G>;
-  detail::cond::gather_bwd<<<detail::cond::grid<G>(width), tune::threads, 0, current().stream()>>>(
-      dev(dtable), dev(drows), index, batch, width, stride);
+  ETUDE_LAUNCH(detail::cond::gather_bwd, detail::cond::grid<G>(width), tune::threads, 0, current().stream())
+      (dev(dtable), dev(drows), index, batch, width, stride);
   ETUDE_CUDA_CHECK_LAUNCH("condition gather backward");
 }
 
@@ -150,8 +151,8 @@ template <class Y, class W>
 void bias_rows(Y* y, const W* bias, index_t rows, index_t n, index_t ldy) {
   if (rows <= 0 || n <= 0) return;
   using tune = tuning<op::condition, Y>;
-  detail::cond::bias_rows<<<detail::cond::grid<Y>(rows * n), tune::threads, 0, current().stream()>>>(
-      dev(y), dev(bias), rows, n, ldy);
+  ETUDE_LAUNCH(detail::cond::bias_rows, detail::cond::grid<Y>(rows * n), tune::threads, 0, current().stream())
+      (dev(y), dev(bias), rows, n, ldy);
   ETUDE_CUDA_CHECK_LAUNCH("bias_rows");
 }
 
@@ -160,8 +161,8 @@ template <class G, class A>
 void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
   if (rows <= 0 || n <= 0) return;
   using tune = tuning<op::condition, G>;
-  detail::cond::bias_grad<<<detail::cond::grid<G>(n), tune::threads, 0, current().stream()>>>(dev(dbias), dev(dy),
-                                                                                             rows, n, ldy);
+  ETUDE_LAUNCH(detail::cond::bias_grad, detail::cond::grid<G>(n), tune::threads, 0, current().stream())
+      (dev(dbias), dev(dy), rows, n, ldy);
   ETUDE_CUDA_CHECK_LAUNCH("bias_grad");
 }
 
@@ -170,8 +171,8 @@ template <class X, class M>
 void mask_rows(X* x, const M* mask, index_t rows, index_t n, index_t ldx) {
   if (rows <= 0 || n <= 0) return;
   using tune = tuning<op::condition, X>;
-  detail::cond::mask_rows<<<detail::cond::grid<X>(rows * n), tune::threads, 0, current().stream()>>>(
-      dev(x), dev(mask), rows, n, ldx);
+  ETUDE_LAUNCH(detail::cond::mask_rows, detail::cond::grid<X>(rows * n), tune::threads, 0, current().stream())
+      (dev(x), dev(mask), rows, n, ldx);
   ETUDE_CUDA_CHECK_LAUNCH("mask_rows");
 }
 
@@ -181,8 +182,8 @@ void add_rows(X* x, const C* c, index_t batch, index_t steps, index_t n) {
   const index_t total = batch * steps * n;
   if (total <= 0) return;
   using tune = tuning<op::condition, X>;
-  detail::cond::add_rows<<<detail::cond::grid<X>(total), tune::threads, 0, current().stream()>>>(dev(x), dev(c), steps,
-                                                                                                n, total);
+  ETUDE_LAUNCH(detail::cond::add_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+      (dev(x), dev(c), steps, n, total);
   ETUDE_CUDA_CHECK_LAUNCH("add_rows");
 }
 
@@ -191,8 +192,8 @@ template <class C, class X>
 void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
   if (batch <= 0 || n <= 0) return;
   using tune = tuning<op::condition, C>;
-  detail::cond::sum_rows<<<detail::cond::grid<C>(batch * n), tune::threads, 0, current().stream()>>>(
-      dev(dc), dev(dx), batch, steps, n);
+  ETUDE_LAUNCH(detail::cond::sum_rows, detail::cond::grid<C>(batch * n), tune::threads, 0, current().stream())
+      (dev(dc), dev(dx), batch, steps, n);
   ETUDE_CUDA_CHECK_LAUNCH("sum_rows");
 }
 
@@ -204,8 +205,8 @@ void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch
   const index_t total = batch * (lc + steps) * n;
   if (total <= 0) return;
   using tune = tuning<op::condition, X>;
-  detail::cond::prepend_rows<<<detail::cond::grid<X>(total), tune::threads, 0, current().stream()>>>(
-      dev(x), dev(cond), dev(tok), dev(pos), lc, steps, n, total);
+  ETUDE_LAUNCH(detail::cond::prepend_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+      (dev(x), dev(cond), dev(tok), dev(pos), lc, steps, n, total);
   ETUDE_CUDA_CHECK_LAUNCH("prepend_rows");
 }
 
@@ -215,8 +216,8 @@ void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc,
   const index_t total = batch * (lc + steps) * n;
   if (total <= 0) return;
   using tune = tuning<op::condition, X>;
-  detail::cond::prepend_rows_bwd<<<detail::cond::grid<X>(total), tune::threads, 0, current().stream()>>>(
-      dev(dcond), dev(dtok), dev(dx), lc, steps, n, total);
+  ETUDE_LAUNCH(detail::cond::prepend_rows_bwd, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+      (dev(dcond), dev(dtok), dev(dx), lc, steps, n, total);
   ETUDE_CUDA_CHECK_LAUNCH("prepend_rows_bwd");
 }
 

@@ -31,6 +31,7 @@
 #include "etude/backend/cuda/check.cuh"
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -324,7 +325,7 @@ void cross_attention_fwd(T* att, float* lse, const T* q, const T* kv, const floa
   const detail::xattn::args<D> a{dev(q), dev(kv), mask, steps, positions, ldq, heads,
                                  static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
   const dim3 grid(static_cast<unsigned>((steps + rows - 1) / rows), static_cast<unsigned>(batch * heads));
-  kernel<<<grid, 32 * warps, smem, current().stream()>>>(a, dev(att), lse);
+  ETUDE_LAUNCH(kernel, grid, 32 * warps, smem, current().stream())(a, dev(att), lse);
   ETUDE_CUDA_CHECK_LAUNCH("cross_fwd");
 }
 
@@ -349,7 +350,7 @@ void cross_attention_bwd(T* dq, T* dkv, const T* datt, const T* q, const T* kv, 
   if (steps > 0) {
     constexpr auto delta = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, false>;
     detail::set_smem<delta>(qsmem, "cross_attention_bwd");
-    delta<<<qgrid, 32 * warps, qsmem, stream>>>(a, dev(dq), dev(datt), lse);
+    ETUDE_LAUNCH(delta, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
     ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (delta)");
   }
   if (positions > 0) {
@@ -357,13 +358,13 @@ void cross_attention_bwd(T* dq, T* dkv, const T* datt, const T* q, const T* kv, 
     constexpr std::size_t ksmem = detail::xattn::key_smem<HeadDim, qrows>();
     detail::set_smem<keys>(ksmem, "cross_attention_bwd");
     const dim3 kgrid(static_cast<unsigned>((positions + detail::xattn::chunk - 1) / detail::xattn::chunk), bh);
-    keys<<<kgrid, kthreads, ksmem, stream>>>(a, dev(dkv), dev(static_cast<const T*>(dq)), dev(datt), lse);
+    ETUDE_LAUNCH(keys, kgrid, kthreads, ksmem, stream)(a, dev(dkv), dev(static_cast<const T*>(dq)), dev(datt), lse);
     ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_keys");
   }
   if (steps > 0) {
     constexpr auto grad_q = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, true>;
     detail::set_smem<grad_q>(qsmem, "cross_attention_bwd");
-    grad_q<<<qgrid, 32 * warps, qsmem, stream>>>(a, dev(dq), dev(datt), lse);
+    ETUDE_LAUNCH(grad_q, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
     ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (dq)");
   }
 }

@@ -11,6 +11,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -84,8 +85,9 @@ void copy(Dst* dst, const Src* src, index_t n) {
                                      ctx.stream()));
   } else {
     using tune = tuning<op::elementwise, Dst>;
-    detail::convert_kernel<device_t<Dst>, device_t<Src>, tune::unroll>
-        <<<detail::elementwise_grid<tune>(n), tune::threads, 0, ctx.stream()>>>(dev(dst), dev(src), n);
+    ETUDE_LAUNCH((detail::convert_kernel<device_t<Dst>, device_t<Src>, tune::unroll>),
+                 detail::elementwise_grid<tune>(n), tune::threads, 0, ctx.stream())
+        (dev(dst), dev(src), n);
     ETUDE_CUDA_CHECK_LAUNCH("convert_kernel");
   }
 }
@@ -101,8 +103,9 @@ template <class T>
 void accumulate(T* dst, const T* src, index_t n) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, T>;
-  detail::accumulate_kernel<device_t<T>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(dst), dev(src), n);
+  ETUDE_LAUNCH((detail::accumulate_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+               0, current().stream())
+      (dev(dst), dev(src), n);
   ETUDE_CUDA_CHECK_LAUNCH("accumulate_kernel");
 }
 
@@ -111,8 +114,8 @@ template <class T>
 void sinusoid(T* out, index_t steps, index_t dim) {
   detail::require(dim % 2 == 0 && dim >= 4, "sinusoid", "dim must be even and at least 4");
   if (steps <= 0) return;
-  detail::sinusoid_kernel<<<detail::grid_for(steps * (dim / 2), 256, 8), 256, 0, current().stream()>>>(dev(out),
-                                                                                                     steps, dim);
+  ETUDE_LAUNCH(detail::sinusoid_kernel, detail::grid_for(steps * (dim / 2), 256, 8), 256, 0, current().stream())
+      (dev(out), steps, dim);
   ETUDE_CUDA_CHECK_LAUNCH("sinusoid_kernel");
 }
 
@@ -121,8 +124,9 @@ template <class T>
 void gelu_fwd(T* y, const T* x, index_t n) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, T>;
-  detail::gelu_fwd_kernel<device_t<T>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(y), dev(x), n);
+  ETUDE_LAUNCH((detail::gelu_fwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+               0, current().stream())
+      (dev(y), dev(x), n);
   ETUDE_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
 }
 
@@ -131,8 +135,9 @@ template <class T>
 void gelu_bwd(T* dy, const T* x, index_t n) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, T>;
-  detail::gelu_bwd_kernel<device_t<T>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(dy), dev(x), n);
+  ETUDE_LAUNCH((detail::gelu_bwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+               0, current().stream())
+      (dev(dy), dev(x), n);
   ETUDE_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
 }
 
@@ -141,9 +146,9 @@ template <class T>
 void gelu_rows(T* act, const T* pre, index_t rows, index_t cols, index_t ld) {
   if (rows <= 0 || cols <= 0) return;
   using tune = tuning<op::elementwise, T>;
-  detail::gelu_rows_kernel<device_t<T>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(rows * cols), tune::threads, 0, current().stream()>>>(dev(act), dev(pre), rows,
-                                                                                            cols, ld);
+  ETUDE_LAUNCH((detail::gelu_rows_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(rows * cols),
+               tune::threads, 0, current().stream())
+      (dev(act), dev(pre), rows, cols, ld);
   ETUDE_CUDA_CHECK_LAUNCH("gelu_rows_kernel");
 }
 

@@ -16,6 +16,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -92,8 +93,8 @@ void embedding_fwd(X* x, const token_t* seq, const W* const* tables, const P* po
   detail::require(rows <= 0x7fffffff, "embedding_fwd", "batch·steps must be below 2^31");
   detail::table_ptrs<device_t<W>, tune::max_codebooks> t{};
   for (int k = 0; k < codebooks; ++k) t.p[k] = dev(tables[k]);
-  detail::embedding_fwd_kernel<<<static_cast<unsigned>(rows), tune::threads, 0, current().stream()>>>(
-      dev(x), seq, t, dev(pos), steps, codebooks, dim);
+  ETUDE_LAUNCH(detail::embedding_fwd_kernel, static_cast<unsigned>(rows), tune::threads, 0, current().stream())
+      (dev(x), seq, t, dev(pos), steps, codebooks, dim);
   ETUDE_CUDA_CHECK_LAUNCH("embedding_fwd_kernel");
 }
 
@@ -119,14 +120,14 @@ void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t b
   auto* rows_out = reinterpret_cast<int*>(base + 3 * arr);
   void* temp = base + 4 * arr;
   for (int k = 0; k < codebooks; ++k) {
-    detail::embedding_gather_keys<<<detail::grid_for(rows, 256, 8), 256, 0, ctx.stream()>>>(keys_in, rows_in, seq,
-                                                                                          steps, codebooks, k, rows);
+    ETUDE_LAUNCH(detail::embedding_gather_keys, detail::grid_for(rows, 256, 8), 256, 0, ctx.stream())
+        (keys_in, rows_in, seq, steps, codebooks, k, rows);
     ETUDE_CUDA_CHECK_LAUNCH("embedding_gather_keys");
     std::size_t bytes = sort_bytes;
     ETUDE_CUDA_CHECK(
         cub::DeviceRadixSort::SortPairs(temp, bytes, keys_in, keys_out, rows_in, rows_out, n, 0, 32, ctx.stream()));
-    detail::embedding_accumulate<<<static_cast<unsigned>(rows), tune::threads, 0, ctx.stream()>>>(
-        dev(dtables[k]), dev(dx), keys_out, rows_out, rows, dim);
+    ETUDE_LAUNCH(detail::embedding_accumulate, static_cast<unsigned>(rows), tune::threads, 0, ctx.stream())
+        (dev(dtables[k]), dev(dx), keys_out, rows_out, rows, dim);
     ETUDE_CUDA_CHECK_LAUNCH("embedding_accumulate");
   }
 }

@@ -22,6 +22,7 @@
 #include "etude/backend/cuda/check.cuh"
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/core/types.hpp"
 
@@ -105,7 +106,7 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   detail::require(ldc >= n, op, "ldc (" + std::to_string(ldc) + ") is below n (" + std::to_string(n) + ")");
   context& ctx = current();
   if (k == 0) {
-    detail::scale_matrix<<<detail::grid_for(m * n, 256, 8), 256, 0, ctx.stream()>>>(dev(c), m, n, ldc, beta);
+    ETUDE_LAUNCH(detail::scale_matrix, detail::grid_for(m * n, 256, 8), 256, 0, ctx.stream())(dev(c), m, n, ldc, beta);
     ETUDE_CUDA_CHECK_LAUNCH("scale_matrix");
     return;
   }

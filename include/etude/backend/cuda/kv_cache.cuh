@@ -14,6 +14,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -106,8 +107,9 @@ void kv_append(C* cache, const A* qkv, index_t batch, index_t n, index_t at, ind
   const index_t total = batch * n * 2 * dim;
   if (total <= 0) return;
   using tune = tuning<op::elementwise, C>;
-  detail::kv::kv_append_kernel<<<detail::elementwise_grid<tune>(total), tune::threads, 0, current().stream()>>>(
-      dev(cache), dev(qkv), batch, n, at, max_steps, dim);
+  ETUDE_LAUNCH(detail::kv::kv_append_kernel, detail::elementwise_grid<tune>(total), tune::threads, 0,
+               current().stream())
+      (dev(cache), dev(qkv), batch, n, at, max_steps, dim);
   ETUDE_CUDA_CHECK_LAUNCH("kv_append_kernel");
 }
 
@@ -119,9 +121,9 @@ void cached_attention(A* att, const A* qkv, const C* cache, index_t batch, index
                   "cache length " + std::to_string(len) + " outside 1 .. " + std::to_string(max_steps));
   if (batch == 0) return;
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
-  detail::kv::cached_attention_kernel<device_t<A>, device_t<C>, HeadDim>
-      <<<static_cast<unsigned>(batch * heads), 32 * detail::kv::warps, 0, current().stream()>>>(
-          dev(att), dev(qkv), dev(cache), len, max_steps, heads, scale);
+  ETUDE_LAUNCH((detail::kv::cached_attention_kernel<device_t<A>, device_t<C>, HeadDim>),
+               static_cast<unsigned>(batch * heads), 32 * detail::kv::warps, 0, current().stream())
+      (dev(att), dev(qkv), dev(cache), len, max_steps, heads, scale);
   ETUDE_CUDA_CHECK_LAUNCH("cached_attention_kernel");
 }
 

@@ -15,6 +15,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -160,9 +161,9 @@ void layernorm_fwd_launch(Y* y, float* mean, float* rstd, const X* x, const X* r
                           const W* beta, index_t rows, index_t dim) {
   using tune = tuning<op::layernorm, X>;
   const auto blocks = static_cast<unsigned>((rows + tune::warps - 1) / tune::warps);
-  layernorm_fwd_kernel<device_t<Y>, device_t<X>, device_t<W>, tune::vec, tune::warps>
-      <<<blocks, 32 * tune::warps, 0, current().stream()>>>(dev(y), mean, rstd, dev(x), dev(res), dev(x_mid),
-                                                           dev(gamma), dev(beta), rows, static_cast<int>(dim));
+  ETUDE_LAUNCH((layernorm_fwd_kernel<device_t<Y>, device_t<X>, device_t<W>, tune::vec, tune::warps>), blocks,
+               32 * tune::warps, 0, current().stream())
+      (dev(y), mean, rstd, dev(x), dev(res), dev(x_mid), dev(gamma), dev(beta), rows, static_cast<int>(dim));
   ETUDE_CUDA_CHECK_LAUNCH("layernorm_fwd_kernel");
 }
 
@@ -198,12 +199,14 @@ void layernorm_bwd(DX* dx, G* dgamma, G* dbeta, const DY* dy, const X* x, const 
   const index_t blocks = (rows + tune::bwd_rows - 1) / tune::bwd_rows;
   detail::require(blocks <= (index_t{1} << 30), "layernorm_bwd", "too many rows");
   auto* partial = static_cast<float*>(ctx.scratch(sizeof(float) * 2 * static_cast<std::size_t>(blocks * dim)));
-  detail::layernorm_bwd_kernel<device_t<DX>, device_t<DY>, device_t<X>, device_t<W>, tune::vec, tune::warps,
-                               tune::bwd_rows><<<static_cast<unsigned>(blocks), 32 * tune::warps, 0, ctx.stream()>>>(
-      dev(dx), partial, dev(dy), dev(x), mean, rstd, dev(gamma), rows, static_cast<int>(dim));
+  ETUDE_LAUNCH((detail::layernorm_bwd_kernel<device_t<DX>, device_t<DY>, device_t<X>, device_t<W>, tune::vec,
+                                             tune::warps, tune::bwd_rows>),
+               static_cast<unsigned>(blocks), 32 * tune::warps, 0, ctx.stream())
+      (dev(dx), partial, dev(dy), dev(x), mean, rstd, dev(gamma), rows, static_cast<int>(dim));
   ETUDE_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
-  detail::layernorm_param_grads<device_t<G>><<<static_cast<unsigned>((dim + 255) / 256), 256, 0, ctx.stream()>>>(
-      dev(dgamma), dev(dbeta), partial, static_cast<int>(blocks), static_cast<int>(dim));
+  ETUDE_LAUNCH(detail::layernorm_param_grads<device_t<G>>, static_cast<unsigned>((dim + 255) / 256), 256, 0,
+               ctx.stream())
+      (dev(dgamma), dev(dbeta), partial, static_cast<int>(blocks), static_cast<int>(dim));
   ETUDE_CUDA_CHECK_LAUNCH("layernorm_param_grads");
 }
 

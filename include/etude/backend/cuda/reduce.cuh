@@ -12,6 +12,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
@@ -67,10 +68,11 @@ void sum_squares(const T* x, index_t n, double* out) {
   const index_t chunks = (n + tune::chunk - 1) / tune::chunk;
   const int blocks = static_cast<int>(std::min<index_t>(chunks, tune::max_blocks));
   auto* partial = static_cast<double*>(ctx.scratch(sizeof(double) * tune::max_blocks));
-  detail::sum_squares_partial<device_t<T>, tune::threads, tune::chunk>
-      <<<blocks, tune::threads, 0, ctx.stream()>>>(dev(x), n, partial);
+  ETUDE_LAUNCH((detail::sum_squares_partial<device_t<T>, tune::threads, tune::chunk>), blocks, tune::threads, 0,
+               ctx.stream())
+      (dev(x), n, partial);
   ETUDE_CUDA_CHECK_LAUNCH("sum_squares_partial");
-  detail::sum_partials<tune::threads, false><<<1, tune::threads, 0, ctx.stream()>>>(partial, blocks, out);
+  ETUDE_LAUNCH((detail::sum_partials<tune::threads, false>), 1, tune::threads, 0, ctx.stream())(partial, blocks, out);
   ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
 }
 
@@ -80,8 +82,9 @@ template <class T>
 void all_finite_async(const T* x, index_t n, int* bad) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, T>;
-  detail::non_finite_kernel<device_t<T>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(dev(x), n, bad);
+  ETUDE_LAUNCH((detail::non_finite_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+               0, current().stream())
+      (dev(x), n, bad);
   ETUDE_CUDA_CHECK_LAUNCH("non_finite_kernel");
 }
 

@@ -10,6 +10,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/step_control.cuh"
 #include "etude/backend/cuda/tuning.cuh"
@@ -95,9 +96,9 @@ void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars
                 const double* grad_scale, const int* skip, P* working = nullptr) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, M>;
-  detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>
-      <<<detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream()>>>(
-          dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
+  ETUDE_LAUNCH((detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
+               detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
+      (dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
   ETUDE_CUDA_CHECK_LAUNCH("sgd_device_kernel");
 }
 
@@ -111,10 +112,12 @@ void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::
   const int blocks = detail::update_check_blocks<tune>(n);
   auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
   const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
-  detail::sgd_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>
-      <<<blocks, tune::threads, 0, ctx.stream()>>>(dev(p), dev(grad), dev(buf), check_working, n, scalars, d, partial);
+  ETUDE_LAUNCH(
+      (detail::sgd_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
+      blocks, tune::threads, 0, ctx.stream())
+      (dev(p), dev(grad), dev(buf), check_working, n, scalars, d, partial);
   ETUDE_CUDA_CHECK_LAUNCH("sgd_check_partial");
-  detail::refuse_first_kernel<tune::threads><<<1, tune::threads, 0, ctx.stream()>>>(partial, blocks, d);
+  ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
   ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
 }
 

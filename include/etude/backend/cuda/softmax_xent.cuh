@@ -13,6 +13,7 @@
 
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/reduce.cuh"
 #include "etude/backend/cuda/tuning.cuh"
@@ -73,10 +74,11 @@ void softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, 
   using tune = tuning<op::softmax_xent, T>;
   context& ctx = current();
   auto* row_loss = static_cast<double*>(ctx.scratch(sizeof(double) * static_cast<std::size_t>(rows)));
-  detail::softmax_xent_kernel<device_t<T>, tune::threads>
-      <<<static_cast<unsigned>(rows), tune::threads, 0, ctx.stream()>>>(dev(logits), target, card, weight, row_loss);
+  ETUDE_LAUNCH((detail::softmax_xent_kernel<device_t<T>, tune::threads>), static_cast<unsigned>(rows), tune::threads, 0,
+               ctx.stream())
+      (dev(logits), target, card, weight, row_loss);
   ETUDE_CUDA_CHECK_LAUNCH("softmax_xent_kernel");
-  detail::sum_partials<256, true><<<1, 256, 0, ctx.stream()>>>(row_loss, static_cast<int>(rows), loss);
+  ETUDE_LAUNCH((detail::sum_partials<256, true>), 1, 256, 0, ctx.stream())(row_loss, static_cast<int>(rows), loss);
   ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
 }
 

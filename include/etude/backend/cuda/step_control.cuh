@@ -13,6 +13,7 @@
 #include "etude/backend/cuda/check.cuh"
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/detail/common.cuh"
+#include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
 #include "etude/ops/step_control.hpp"
@@ -70,16 +71,16 @@ inline int update_check_blocks(index_t n) {
 }  // namespace detail
 
 inline void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
-  detail::step_control_kernel<<<1, 1, 0, current().stream()>>>(in, losses, n, out);
+  ETUDE_LAUNCH(detail::step_control_kernel, 1, 1, 0, current().stream())(in, losses, n, out);
   ETUDE_CUDA_CHECK_LAUNCH("step_control_kernel");
 }
 
 inline void share_refusal(const step_decision* d, index_t offset, std::int64_t* key) {
-  detail::share_refusal_kernel<<<1, 1, 0, current().stream()>>>(d, offset, key);
+  ETUDE_LAUNCH(detail::share_refusal_kernel, 1, 1, 0, current().stream())(d, offset, key);
   ETUDE_CUDA_CHECK_LAUNCH("share_refusal_kernel");
 }
 inline void take_refusal(step_decision* d, const std::int64_t* key) {
-  detail::take_refusal_kernel<<<1, 1, 0, current().stream()>>>(d, key);
+  ETUDE_LAUNCH(detail::take_refusal_kernel, 1, 1, 0, current().stream())(d, key);
   ETUDE_CUDA_CHECK_LAUNCH("take_refusal_kernel");
 }
 
@@ -89,9 +90,9 @@ void clear_unless(T* x, index_t n, const int* keep) {
   if (n <= 0) return;
   using tune = tuning<op::elementwise, float>;
   const index_t bytes = n * static_cast<index_t>(sizeof(T)), words = bytes / 16;
-  detail::clear_unless_kernel<tune::unroll>
-      <<<detail::elementwise_grid<tune>(words > 0 ? words : 1), tune::threads, 0, current().stream()>>>(
-          reinterpret_cast<unsigned char*>(x), words, bytes, keep);
+  ETUDE_LAUNCH(detail::clear_unless_kernel<tune::unroll>, detail::elementwise_grid<tune>(words > 0 ? words : 1),
+               tune::threads, 0, current().stream())
+      (reinterpret_cast<unsigned char*>(x), words, bytes, keep);
   ETUDE_CUDA_CHECK_LAUNCH("clear_unless_kernel");
 }
 
