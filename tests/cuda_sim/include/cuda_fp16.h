@@ -1,0 +1,4 @@
+// Shadow of the toolkit's cuda_fp16.h for the CUDA simulator (cuda_sim/half.hpp).
+#pragma once
+
+#include "cuda_runtime.h"
