@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(32 * Warps) flash_attention_fwd(fwd_args<D> a)
   using g = geometry<D, HD, Rows, Cols, Warps>;
   using lay = fwd_layout<D, HD, Rows, Cols, Warps>;
   constexpr int threads = g::threads;
-  extern __shared__ __align__(128) unsigned char smem[];
+  ETUDE_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
   D* sq = reinterpret_cast<D*>(smem + lay::q);
   D* sk = reinterpret_cast<D*>(smem + lay::k);
   D* sv = reinterpret_cast<D*>(smem + lay::v);
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(32 * Warps) flash_attention_bwd(bwd_args<D> a)
   using g = geometry<D, HD, Rows, Cols, Warps>;
   using lay = bwd_layout<D, HD, Rows, Cols, Warps>;
   constexpr int threads = g::threads;
-  extern __shared__ __align__(128) unsigned char smem[];
+  ETUDE_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
   D* sk = reinterpret_cast<D*>(smem + lay::k);
   D* sv = reinterpret_cast<D*>(smem + lay::v);
   D* sq = reinterpret_cast<D*>(smem + lay::q);

@@ -92,7 +92,7 @@ struct args {
 template <class D, int HD, int Warps, int RowsPerWarp>
 __global__ void __launch_bounds__(32 * Warps) cross_fwd(args<D> a, D* att, float* lse) {
   constexpr int threads = 32 * Warps, rows = Warps * RowsPerWarp, ld = HD + 1, per = HD / 32;
-  extern __shared__ float smem[];
+  ETUDE_DYNAMIC_SHARED(float, smem);
   float* sq = smem;             // rows × HD
   float* sk = sq + rows * HD;   // chunk × ld
   float* sv = sk + chunk * ld;  // chunk × ld
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(32 * Warps) cross_fwd(args<D> a, D* att, float
 template <class D, int HD, int Warps, int RowsPerWarp, bool Dq>
 __global__ void __launch_bounds__(32 * Warps) cross_bwd_query(args<D> a, D* dq, const D* datt, const float* lse) {
   constexpr int threads = 32 * Warps, rows = Warps * RowsPerWarp, ld = HD + 1, per = HD / 32;
-  extern __shared__ float smem[];
+  ETUDE_DYNAMIC_SHARED(float, smem);
   float* sq = smem;              // rows × HD
   float* sdo = sq + rows * HD;   // rows × HD
   float* sk = sdo + rows * HD;   // chunk × ld
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(Threads)
     cross_bwd_keys(args<D> a, D* dkv, const D* dq_delta, const D* datt, const float* lse) {
   constexpr int ld = HD + 1, lp = chunk + 1, per = chunk * HD / Threads;
   static_assert(chunk * HD % Threads == 0 && HD % 32 == 0, "cross-attention keys: threads must divide 32·hd");
-  extern __shared__ float smem[];
+  ETUDE_DYNAMIC_SHARED(float, smem);
   float* sk = smem;                         // chunk × ld
   float* sv = sk + chunk * ld;              // chunk × ld
   float* sq = sv + chunk * ld;              // QueryRows × ld

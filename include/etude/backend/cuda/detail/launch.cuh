@@ -10,6 +10,14 @@
 // which runs the grid's blocks on the CPU and reports configuration errors through
 // cudaGetLastError as a GPU does. Not part of the interface; not for launches outside
 // backend/cuda/ (the tests launch through the ops).
+//
+// A kernel's dynamic shared memory, likewise, is declared through one macro:
+//
+//   ETUDE_DYNAMIC_SHARED(float, smem);                  // extern __shared__ float smem[];
+//   ETUDE_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);  // ... __align__(128) unsigned char smem[];
+//
+// exactly the `extern __shared__` declaration under nvcc; under the simulator a pointer of that
+// name to the running block's dynamic shared memory (a heap block per launch, 128-byte aligned).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +36,12 @@
           return nullptr;                                                                                       \
       }(0),                                                                                                     \
       #kernel, (grid), (block), (smem), (stream), [=](auto&&... etude_args_) { kernel(etude_args_...); })
+#define ETUDE_DYNAMIC_SHARED(type, name) type* const name = static_cast<type*>(::etude::cuda_sim::dynamic_shared())
+#define ETUDE_DYNAMIC_SHARED_ALIGNED(type, name, align)                                                       \
+  static_assert((align) <= 128, "the CUDA simulator aligns dynamic shared memory to 128 bytes");             \
+  type* const name = static_cast<type*>(::etude::cuda_sim::dynamic_shared())
 #else
 #define ETUDE_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define ETUDE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define ETUDE_DYNAMIC_SHARED_ALIGNED(type, name, align) extern __shared__ __align__(align) type name[]
 #endif
