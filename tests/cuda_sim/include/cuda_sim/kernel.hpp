@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -48,7 +49,7 @@ struct sim_thread {
   const char* waits_at = "";  // what it waits for, for a deadlock's report
 };
 
-enum class collective : int { none = 0, syncwarp, shuffle, vote };
+enum class collective : int { none = 0, syncwarp, shuffle, vote, wmma_load, wmma_store, wmma_mma };
 
 struct warp_state {
   unsigned mask = 0, arrived = 0, gen = 0;
@@ -325,8 +326,13 @@ inline void run_grid(const launch_config& c, void (*body)(void*), void* arg) {
   b.body_arg = arg;
   b.rng = &this_thread().rng;
   const unsigned nthreads = c.block.x * c.block.y * c.block.z;
-  // a separate heap block per launch, so AddressSanitizer sees an access past its end
-  std::unique_ptr<unsigned char[]> smem(c.smem > 0 ? new unsigned char[c.smem] : nullptr);
+  // a separate heap block per launch, so AddressSanitizer sees an access past its end; 128-byte
+  // aligned, as the kernels' `__align__(128)` declarations of it ask
+  struct smem_free {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{128}); }
+  };
+  std::unique_ptr<unsigned char[], smem_free> smem(
+      c.smem > 0 ? static_cast<unsigned char*>(::operator new[](c.smem, std::align_val_t{128})) : nullptr);
   b.dynamic_smem = smem.get();
   std::vector<std::uint64_t> order(static_cast<std::size_t>(c.grid.x) * c.grid.y * c.grid.z);
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -20,8 +20,9 @@
 #define __device_builtin__
 // Per block: a block's threads are fibers on one OS thread and blocks run one after another, so a
 // thread_local at block scope (implicitly static) is exactly one copy per running block. The
-// declaration `extern __shared__ T name[]` also parses (an extern thread_local array): dynamic
-// shared memory is reached through etude::cuda_sim::dynamic_shared() instead.
+// declaration `extern __shared__ T name[]` also parses (an extern thread_local array) but does not
+// link: kernels declare dynamic shared memory through ETUDE_DYNAMIC_SHARED
+// (backend/cuda/detail/launch.cuh), here a pointer from etude::cuda_sim::dynamic_shared().
 #define __shared__ thread_local
 #define __constant__
 #define __managed__
