@@ -5,8 +5,11 @@
 // round to nearest even bit for bit as etude's host conversions do.
 #include <catch2/catch.hpp>
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -79,6 +82,40 @@ __global__ void warp_kernel(int* sum, int* broadcast, int* down, int* up) {
 __global__ void stranded_shuffle_kernel(int* out) {
   if (threadIdx.x == 5) return;
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
+}
+
+// Each warp w: C_w(16×16) = A_w·B + C_w, A_w row-major (ld 24) or column-major, B row-major (ld 16).
+template <bool ColA>
+__global__ void wmma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, float* c) {
+  namespace wmma = nvcuda::wmma;
+  const int w = static_cast<int>(threadIdx.x / 32);
+  using layout_a = std::conditional_t<ColA, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, layout_a> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  wmma::load_matrix_sync(fc, c + w * 256, 16, wmma::mem_row_major);
+  wmma::load_matrix_sync(fa, a + w * 16 * 24, 24);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c + w * 256, fc, 16, wmma::mem_row_major);
+}
+
+// Lane 7 of the warp skips the product: the others can never complete it.
+__global__ void wmma_stranded_kernel(const __nv_bfloat16* a, float* c) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  wmma::fill_fragment(fc, 0.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, a, 16);
+  if (threadIdx.x != 7) wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+
+__global__ void axpy_kernel(float* y, const float* x, float a, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) y[i] += a * x[i];
 }
 
 template <class T>
@@ -182,4 +219,162 @@ TEST_CASE("bf16 and fp16 conversions round to nearest even, bit for bit as etude
   }
   CHECK(__float2bfloat16_rn(__builtin_nanf("")).__x == 0x7fff);
   CHECK(__float2half_rn(__builtin_nanf("")).__x == 0x7fff);
+}
+
+TEST_CASE("WMMA: a warp-collective 16x16x16 bf16 product with fp32 accumulation, both A layouts", "[cuda_sim]") {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const int warps = 2;
+  std::vector<__nv_bfloat16> a(warps * 16 * 24), b(16 * 16);
+  std::vector<float> c0(warps * 256);
+  for (auto& v : a) v = __float2bfloat16_rn(d(gen));
+  for (auto& v : b) v = __float2bfloat16_rn(d(gen));
+  for (auto& v : c0) v = d(gen);
+  __nv_bfloat16 *da = nullptr, *db = nullptr;
+  float* dc = nullptr;
+  REQUIRE(cudaMalloc(&da, a.size() * 2) == cudaSuccess);
+  REQUIRE(cudaMalloc(&db, b.size() * 2) == cudaSuccess);
+  REQUIRE(cudaMalloc(&dc, c0.size() * 4) == cudaSuccess);
+  REQUIRE(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  for (bool col : {false, true}) {
+    REQUIRE(cudaMemcpy(dc, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    if (col)
+      ETUDE_LAUNCH(wmma_kernel<true>, 1, 32 * warps, 0, nullptr)(da, db, dc);
+    else
+      ETUDE_LAUNCH(wmma_kernel<false>, 1, 32 * warps, 0, nullptr)(da, db, dc);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto got = download(dc, c0.size());
+    for (int w = 0; w < warps; ++w)
+      for (int r = 0; r < 16; ++r)
+        for (int j = 0; j < 16; ++j) {
+          double want = c0[static_cast<std::size_t>(w * 256 + r * 16 + j)], mag = std::fabs(want);
+          for (int k = 0; k < 16; ++k) {
+            const std::size_t ia = static_cast<std::size_t>(w * 16 * 24 + (col ? k * 24 + r : r * 24 + k));
+            const double p = static_cast<double>(__bfloat162float(a[ia])) * __bfloat162float(b[static_cast<std::size_t>(k * 16 + j)]);
+            want += p;
+            mag += std::fabs(p);
+          }
+          INFO("warp " << w << " (" << r << ", " << j << ")" << (col ? " col-major A" : " row-major A"));
+          CHECK(std::fabs(got[static_cast<std::size_t>(w * 256 + r * 16 + j)] - want) <= 17 * 0x1p-24 * mag);
+        }
+  }
+  ETUDE_LAUNCH(wmma_stranded_kernel, 1, 32, 0, nullptr)(da, dc);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(etude::cuda_sim::last_failure().find("wmma::") != std::string::npos);
+  etude::cuda_sim::clear_failure();
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dc)}) cudaFree(p);
+}
+
+TEST_CASE("a captured stream (copies, kernels, a cuBLASLt product) replays as it ran eagerly, twice", "[cuda_sim]") {
+  const int n = 96;  // y += 0.5·x (kernel), then Y(4×24) = X(4×4)·Y(4×24) through cuBLASLt, column-major
+  std::vector<float> hx(n), hy(n), hm(16);
+  for (int i = 0; i < n; ++i) {
+    hx[static_cast<std::size_t>(i)] = static_cast<float>(i % 7) - 3.0f;
+    hy[static_cast<std::size_t>(i)] = static_cast<float>(i % 5) * 0.25f;
+  }
+  for (int i = 0; i < 16; ++i) hm[static_cast<std::size_t>(i)] = i % 5 == 0 ? 1.0f : 0.125f * static_cast<float>(i % 3);
+  float *x = nullptr, *y = nullptr, *m = nullptr, *out = nullptr, *pinned = nullptr;
+  for (float** p : {&x, &y, &out}) REQUIRE(cudaMalloc(p, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&m, 16 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMallocHost(&pinned, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(x, hx.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(m, hm.data(), 16 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  cublasLtHandle_t lt = nullptr;
+  REQUIRE(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr;
+  REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 4, 4, 4) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, 4, 24, 4) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref = nullptr;
+  REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t h{};
+  int found = 0;
+  REQUIRE(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lb, lb, pref, 1, &h, &found) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(found == 1);
+  const float one = 1.0f, zero = 0.0f;
+  // one step: y = start; y += 0.5·x; out = M·y; pinned = out
+  auto step = [&] {
+    REQUIRE(cudaMemcpyAsync(y, hy.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+    ETUDE_LAUNCH(axpy_kernel, 2, 64, 0, s)(y, x, 0.5f, n);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    REQUIRE(cublasLtMatmul(lt, op, &one, m, la, y, lb, &zero, out, lb, out, lb, &h.algo, nullptr, 0, s) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cudaMemcpyAsync(pinned, out, n * sizeof(float), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  };
+  step();
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  const std::vector<float> eager(pinned, pinned + n);
+  for (int i = 0; i < 4; ++i) {  // against the host: out(:, j) = M·(y0 + 0.5·x)(:, j)
+    double want = 0;
+    for (int k = 0; k < 4; ++k) want += hm[static_cast<std::size_t>(i + 4 * k)] * (hy[static_cast<std::size_t>(k)] + 0.5 * hx[static_cast<std::size_t>(k)]);
+    CHECK(std::fabs(eager[static_cast<std::size_t>(i)] - want) <= 1e-5);
+  }
+
+  std::fill(pinned, pinned + n, -1.0f);
+  REQUIRE(cudaMemset(out, 0, n * sizeof(float)) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  step();
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  CHECK(pinned[0] == -1.0f);  // captured, not run
+  CHECK(download(out, 1)[0] == 0.0f);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    std::fill(pinned, pinned + n, -1.0f);
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    INFO("replay " << replay);
+    CHECK(std::memcmp(pinned, eager.data(), n * sizeof(float)) == 0);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  cudaStreamDestroy(s);
+  cudaFreeHost(pinned);
+  for (float* p : {x, y, m, out}) cudaFree(p);
+}
+
+TEST_CASE("cuBLASLt refuses what etude never sends", "[cuda_sim]") {
+  cublasLtHandle_t lt = nullptr;
+  REQUIRE(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref = nullptr;
+  REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+  auto heuristic = [&](cublasComputeType_t compute, cudaDataType_t ab, cudaDataType_t c, std::int64_t lda) {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&la, ab, 8, 8, lda);
+    cublasLtMatrixLayoutCreate(&lb, ab, 8, 8, 8);
+    cublasLtMatrixLayoutCreate(&lc, c, 8, 8, 8);
+    cublasLtMatmulHeuristicResult_t h{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &h, &found);
+    for (auto l : {la, lb, lc}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(op);
+    return st;
+  };
+  CHECK(heuristic(CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_32F, 8) == CUBLAS_STATUS_SUCCESS);
+  CHECK(heuristic(CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F, CUDA_R_32F, 8) == CUBLAS_STATUS_SUCCESS);
+  CHECK(heuristic(CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_16BF, CUDA_R_16BF, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(heuristic(CUBLAS_COMPUTE_16F, CUDA_R_16F, CUDA_R_16F, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(heuristic(CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16F, 8) == CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(heuristic(CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, 7) == CUBLAS_STATUS_INVALID_VALUE);  // ld below rows
+  cublasLtMatmulDesc_t op = nullptr;
+  REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  const int epilogue = 1;
+  CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtDestroy(lt);
 }
