@@ -3,8 +3,9 @@
 // the schedule seed, each block's threads as fibers on the calling OS thread. A fiber runs until
 // it reaches __syncthreads, __syncwarp or a warp collective (__shfl*_sync, votes), where it waits
 // until every thread of the block (exited threads count as arrived) or every lane of the mask has
-// arrived; the next fiber to run is drawn at random from those that can, so a missing barrier shows
-// as a changed result under some seed. Lanes that meet at different collectives, a collective
+// arrived; the next fiber to run is drawn at random from those that can (per block, either uniformly
+// or from the warp ranked first in a random ranking, so one warp runs ahead), so a missing barrier
+// shows as a changed result under some seed. Lanes that meet at different collectives, a collective
 // whose mask leaves out the caller or a lane that has exited, and a block where nobody can move on
 // are errors (sticky, as a failed kernel on a GPU), printed with the seed that repeats them.
 // Not for: timing, occupancy, or the weaker memory ordering of real hardware (a fiber's writes
@@ -242,10 +243,33 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
     b.runnable[i] = static_cast<int>(i);
   }
   b.failed = false;
+  // Half the blocks draw each next fiber uniformly, which keeps warps near lockstep; the other half
+  // rank the warps at random and always run a lane of the highest-ranked warp that can run, so one
+  // warp gets as far ahead of the others as its barriers allow (a read of another warp's shared
+  // results without a __syncthreads between shows there, as it would not in lockstep).
+  const bool by_warp = (splitmix(*b.rng) & 1u) != 0;
+  std::vector<std::uint64_t> rank(b.warps.size());
+  for (auto& r : rank) r = splitmix(*b.rng);
+  std::vector<std::size_t> top;
   block_run* outer = running;
   running = &b;
   while (!b.runnable.empty() && !b.failed) {
-    const auto pick = static_cast<std::size_t>(splitmix(*b.rng) % b.runnable.size());
+    std::size_t pick = 0;
+    if (by_warp) {
+      std::uint64_t best = 0;
+      top.clear();
+      for (std::size_t i = 0; i < b.runnable.size(); ++i) {
+        const std::uint64_t r = rank[static_cast<std::size_t>(b.runnable[i] / 32)];
+        if (top.empty() || r > best) {
+          best = r;
+          top.clear();
+        }
+        if (r == best) top.push_back(i);
+      }
+      pick = top[static_cast<std::size_t>(splitmix(*b.rng) % top.size())];
+    } else {
+      pick = static_cast<std::size_t>(splitmix(*b.rng) % b.runnable.size());
+    }
     const int f = b.runnable[pick];
     b.runnable[pick] = b.runnable.back();
     b.runnable.pop_back();
