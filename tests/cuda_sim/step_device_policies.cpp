@@ -1,0 +1,2 @@
+// tests/gpu/step_device_policies.cu, unchanged, compiled by the host compiler against the CUDA simulator.
+#include "../gpu/step_device_policies.cu"
