@@ -68,51 +68,27 @@ inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 
-template <class T>
-T atomicAdd(T* p, T v) {
+// Atomics: a block's threads are fibers on one OS thread, switched only at barriers and
+// collectives, so a read-modify-write is atomic as written. One body, the update as a function.
+template <class T, class F>
+T atomic_update(T* p, F update) {
   const T old = *p;
-  *p = old + v;
+  *p = update(old);
   return old;
 }
 template <class T>
-T atomicSub(T* p, T v) {
-  const T old = *p;
-  *p = old - v;
-  return old;
-}
+T atomicAdd(T* p, T v) { return atomic_update(p, [v](T o) { return o + v; }); }
 template <class T>
-T atomicExch(T* p, T v) {
-  const T old = *p;
-  *p = v;
-  return old;
-}
+T atomicSub(T* p, T v) { return atomic_update(p, [v](T o) { return o - v; }); }
 template <class T>
-T atomicMax(T* p, T v) {
-  const T old = *p;
-  if (old < v) *p = v;
-  return old;
-}
+T atomicExch(T* p, T v) { return atomic_update(p, [v](T) { return v; }); }
 template <class T>
-T atomicMin(T* p, T v) {
-  const T old = *p;
-  if (v < old) *p = v;
-  return old;
-}
+T atomicMax(T* p, T v) { return atomic_update(p, [v](T o) { return o < v ? v : o; }); }
 template <class T>
-T atomicCAS(T* p, T compare, T v) {
-  const T old = *p;
-  if (old == compare) *p = v;
-  return old;
-}
+T atomicMin(T* p, T v) { return atomic_update(p, [v](T o) { return v < o ? v : o; }); }
 template <class T>
-T atomicOr(T* p, T v) {
-  const T old = *p;
-  *p = old | v;
-  return old;
-}
+T atomicCAS(T* p, T compare, T v) { return atomic_update(p, [compare, v](T o) { return o == compare ? v : o; }); }
 template <class T>
-T atomicAnd(T* p, T v) {
-  const T old = *p;
-  *p = old & v;
-  return old;
-}
+T atomicOr(T* p, T v) { return atomic_update(p, [v](T o) { return o | v; }); }
+template <class T>
+T atomicAnd(T* p, T v) { return atomic_update(p, [v](T o) { return o & v; }); }
