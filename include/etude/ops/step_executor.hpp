@@ -21,6 +21,9 @@
 //   void load(slot, part, dst, bytes)        inside the body: part p of the slot into dst
 //   void run(slot, shape key, replayable, body)  runs the body; waits for it
 //   index_t extra_bytes()                    memory it holds beyond the trainer's buffers
+//   index_t held_bytes()                     the part of extra_bytes() every step uses (on CUDA the
+//       context's cuBLASLt workspace and op scratch), counted as allocated
+//   index_t staged_bytes()                   the input slot the last step read (allocated)
 //   void mark()                              inside an observed step's body: records where the
 //       step has got to (a host clock; a CUDA event on the step's stream), without waiting
 //   std::vector<double> take_marks()         after run(): each mark's seconds since the first

@@ -80,6 +80,7 @@ class step_executor<backend::cpu> {
   }
 
   index_t extra_bytes() const { return 0; }
+  index_t held_bytes() const { return 0; }
   index_t staged_bytes() const { return 0; }
 
   // Op timing of an observed step: the ops ran when they were called.

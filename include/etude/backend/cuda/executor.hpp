@@ -310,10 +310,12 @@ class step_executor<backend::cuda> {
   // Device memory outside the trainer's buffers and the plan: input slots, the context's
   // cuBLASLt workspace and op scratch (the control block is the trainer's: control::bytes).
   index_t extra_bytes() const {
-    index_t b = static_cast<index_t>(ctx_.workspace_bytes() + ctx_.scratch_bytes());
+    index_t b = held_bytes();
     for (const input_slot& in : slots_) b += static_cast<index_t>(in.device.size());
     return b;
   }
+  // What of it every step uses: the cuBLASLt workspace and the op scratch.
+  index_t held_bytes() const { return static_cast<index_t>(ctx_.workspace_bytes() + ctx_.scratch_bytes()); }
   // The device input slot the last step read.
   index_t staged_bytes() const { return last_staged_; }
 

@@ -616,15 +616,19 @@ std::string trainer<Config, Backend>::first_non_finite_gradient() const {
 }
 
 // Bytes of the training state, the persistent buffers and the arena, as memory_stats reports
-// them: allocated = state + what this step carved (and the positions of its length), reserved =
-// state + the arena's block and the whole position table.
+// them: allocated = state + what this step carved (and the positions of its length), the input
+// slot it read and what the executor holds for every step (CUDA: the cuBLASLt workspace and op
+// scratch); reserved = state + the arena's block, the whole position table and everything the
+// executor holds. The state counts the per-step control block, and the pattern's tables only where
+// the state is in host memory (on a device they stay on the host).
 template <class Config, class Backend>
 void trainer<Config, Backend>::note_memory(index_t arena_used) {
   constexpr auto F = static_cast<index_t>(sizeof(compute_type));
-  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() + micro_grads_.bytes() +
-                  static_cast<index_t>((plan_.source.capacity() + plan_.target.capacity()) * sizeof(index_t));
+  const index_t tables =
+      executor::host_resident ? static_cast<index_t>((plan_.source.capacity() + plan_.target.capacity()) * sizeof(index_t)) : 0;
+  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() + micro_grads_.bytes() + tables + control_bytes();
   for (const auto& s : states_) state += s.bytes();
-  memory_.allocated = state + pos_used_ * S.dim * F + arena_used + exec_.staged_bytes();
+  memory_.allocated = state + pos_used_ * S.dim * F + arena_used + exec_.staged_bytes() + exec_.held_bytes();
   memory_.reserved = state + static_cast<index_t>(pos_.size()) * F + exec_.workspace_reserved() + exec_.extra_bytes();
   memory_.peak_allocated = std::max(memory_.peak_allocated, memory_.allocated);
   memory_.peak_reserved = std::max(memory_.peak_reserved, memory_.reserved);
