@@ -13,3 +13,6 @@ int main(int argc, char** argv) {
             << std::endl;
   return Catch::Session().run(argc, argv);
 }
+
+// UndefinedBehaviorSanitizer (the alignment check, CMakeLists.txt) prints the stack of what it stops.
+extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1"; }

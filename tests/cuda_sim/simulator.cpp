@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "etude/backend/cuda/detail/common.cuh"
 #include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/core/dtype.hpp"
 
@@ -377,4 +378,26 @@ TEST_CASE("cuBLASLt refuses what etude never sends", "[cuda_sim]") {
   cublasLtMatmulDescDestroy(op);
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtDestroy(lt);
+}
+
+// A 16-byte vector load from an address that is only 4-byte aligned: a device faults
+// (cudaErrorMisalignedAddress); under the simulator UndefinedBehaviorSanitizer's alignment check stops
+// the process and the simulator names the kernel. Hidden: it must stop the process, and ctest's
+// test_sim_misaligned runs it expecting exactly that report (CMakeLists.txt).
+__global__ void load_vectors_kernel(const float* in, float* out) {
+  float v[4];
+  etude::cuda::detail::load_n<4>(in + 4 * threadIdx.x, v);
+  out[threadIdx.x] = v[0] + v[1] + v[2] + v[3];
+}
+
+TEST_CASE("a misaligned 16-byte vector access stops the kernel, as it faults on a device", "[.misaligned]") {
+  float *in = nullptr, *out = nullptr;
+  REQUIRE(cudaMalloc(&in, 4 * 33 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, 32 * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemset(in, 0, 4 * 33 * sizeof(float)) == cudaSuccess);
+  ETUDE_LAUNCH(load_vectors_kernel, 1, 32, 0, nullptr)(in, out);  // aligned: runs
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  ETUDE_LAUNCH(load_vectors_kernel, 1, 32, 0, nullptr)(in + 1, out);  // 4 bytes off: never returns
+  cudaDeviceSynchronize();
+  FAIL("the misaligned load was not caught");
 }

@@ -77,6 +77,7 @@ struct block_run {
   std::string failure;
   unsigned char* dynamic_smem = nullptr;
   std::uint64_t* rng = nullptr;
+  const char* kernel = nullptr;
 };
 
 inline thread_local block_run* running = nullptr;
@@ -343,9 +344,34 @@ inline cudaError_t check_config(const launch_config& c, std::string& why) {
   return cudaSuccess;
 }
 
+// A fault the simulator cannot turn into a launch failure stops the process from inside the kernel:
+// a misaligned access, which faults on a device (cudaErrorMisalignedAddress), is caught by
+// UndefinedBehaviorSanitizer's alignment check, with which the cuda_sim tests are compiled
+// (CMakeLists.txt), and a stack overflow by the fiber's guard page. The sanitizer's report names the
+// source line and stack; this names the kernel, the block, the thread and the seed.
+inline void report_running_kernel() {
+  const block_run* b = running;
+  if (b == nullptr || b->current < 0) return;
+  std::fprintf(stderr, "cuda_sim: the process stopped in kernel %s, block %s, thread %s (schedule seed: ETUDE_SIM_SEED=%llu)\n",
+               b->kernel != nullptr ? b->kernel : "?", idx_string(blockIdx).c_str(), idx_string(threadIdx).c_str(),
+               static_cast<unsigned long long>(state().seed));
+}
+
+}  // namespace detail
+}  // namespace etude::cuda_sim
+extern "C" void __sanitizer_set_death_callback(void (*)(void)) __attribute__((weak));
+namespace etude::cuda_sim {
+namespace detail {
+
 // Runs a whole grid: body(arg) per thread. Failures are sticky, as on a device.
 inline void run_grid(const launch_config& c, void (*body)(void*), void* arg) {
+  static const bool reporting = [] {
+    if (&__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(report_running_kernel);
+    return true;
+  }();
+  (void)reporting;
   block_run b;
+  b.kernel = c.name;
   b.body = body;
   b.body_arg = arg;
   b.rng = &this_thread().rng;
