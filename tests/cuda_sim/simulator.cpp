@@ -401,3 +401,7 @@ TEST_CASE("a misaligned 16-byte vector access stops the kernel, as it faults on 
   cudaDeviceSynchronize();
   FAIL("the misaligned load was not caught");
 }
+
+// The rotation without its barrier once, for ThreadSanitizer (test_sim_tsan_race): hidden, since
+// the race is the point and what it computes is not checked.
+TEST_CASE("a missing __syncthreads is a data race ThreadSanitizer reports", "[.race]") { (void)rotate_is_right<false>(); }

@@ -3,7 +3,8 @@
 // or finishes). On x86-64 a dozen instructions switch the callee-saved registers (no system call:
 // a block of 1024 threads switches millions of times); elsewhere ucontext. Stacks come from mmap
 // with a guard page below, so a kernel that overflows its stack faults instead of writing into its
-// neighbour's. AddressSanitizer is told about every switch (its fiber annotations).
+// neighbour's. AddressSanitizer is told about every switch (its fiber annotations), and so is
+// ThreadSanitizer, to which every simulated thread is a fiber of its own (tsan_view below).
 // Not for: preemption, or running fibers on several OS threads.
 #pragma once
 
@@ -29,6 +30,22 @@
 #if defined(ETUDE_CUDA_SIM_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#define ETUDE_CUDA_SIM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ETUDE_CUDA_SIM_TSAN 1
+#endif
+#endif
+#if defined(ETUDE_CUDA_SIM_TSAN)
+#include <sanitizer/tsan_interface.h>
+// ThreadSanitizer's dynamic annotations (exported by its runtime; no header declares them)
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
 #endif
 
 #if defined(__x86_64__)
@@ -164,5 +181,73 @@ inline void asan_after_switch([[maybe_unused]] asan_switch& self, [[maybe_unused
   __sanitizer_finish_switch_fiber(self.fake, from_bottom, from_size);
 #endif
 }
+
+// ThreadSanitizer's view of a block (no-ops without TSan). Every simulated thread is a TSan fiber,
+// and a switch between fibers orders nothing (__tsan_switch_to_fiber_no_sync): the only orderings
+// are the ones CUDA gives, which the simulator states with release/acquire on a sync address: a
+// __syncthreads, a warp collective among its lanes. So two threads of a block that touch one
+// address with no barrier between them, one of them writing, are a data race TSan reports, naming
+// the kernel, block and thread of each side (the fibers' names). The simulator's own bookkeeping
+// (the scheduler, barrier counts, collective tables) and the atomics (relaxed read-modify-writes on
+// a device, never a race) are hidden from it. What it cannot see: a race between blocks of one grid,
+// which the simulator runs one after another, each block ordered after the last (a block's shared
+// memory is the same host memory for every block).
+struct tsan_view {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+  static constexpr bool on = true;
+#else
+  static constexpr bool on = false;
+#endif
+  static void* current() {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    return __tsan_get_current_fiber();
+#else
+    return nullptr;
+#endif
+  }
+  static void* create([[maybe_unused]] const char* name) {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    void* f = __tsan_create_fiber(0);
+    __tsan_set_fiber_name(f, name);
+    return f;
+#else
+    return nullptr;
+#endif
+  }
+  static void destroy([[maybe_unused]] void* fiber) {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    if (fiber != nullptr) __tsan_destroy_fiber(fiber);
+#endif
+  }
+  // immediately before the switch to `fiber`
+  static void switch_to([[maybe_unused]] void* fiber) {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+#endif
+  }
+  static void release([[maybe_unused]] void* sync) {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    __tsan_release(sync);
+#endif
+  }
+  static void acquire([[maybe_unused]] void* sync) {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    __tsan_acquire(sync);
+#endif
+  }
+  // Accesses of the current fiber (or thread) between hide() and show() are not recorded.
+  static void hide() {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+#endif
+  }
+  static void show() {
+#if defined(ETUDE_CUDA_SIM_TSAN)
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+#endif
+  }
+};
 
 }  // namespace etude::cuda_sim::detail

@@ -43,8 +43,29 @@ namespace detail {
 enum class fiber_state : unsigned char { runnable, waiting, done };
 
 struct sim_thread {
+  sim_thread() = default;
+  sim_thread(const sim_thread&) = delete;
+  sim_thread& operator=(const sim_thread&) = delete;
+  ~sim_thread() { drop_tsan(); }
+  // Ends its ThreadSanitizer fiber, first ending the hiding of one stopped inside the simulator (at
+  // a barrier or collective, or failed), which TSan would report as a fiber that never showed.
+  void drop_tsan() {
+    if (tsan == nullptr) return;
+    if (tsan_hidden) {
+      void* back = tsan_view::current();
+      tsan_view::switch_to(tsan);
+      tsan_view::show();
+      tsan_view::switch_to(back);
+    }
+    tsan_view::destroy(tsan);
+    tsan = nullptr;
+    tsan_hidden = false;
+  }
   fiber_context ctx;
   asan_switch asan;
+  void* tsan = nullptr;  // its ThreadSanitizer fiber, one per block it runs, named for its reports
+  bool tsan_hidden = false;
+  std::string name;
   uint3 idx{};
   fiber_state st = fiber_state::runnable;
   const char* waits_at = "";  // what it waits for, for a deadlock's report
@@ -57,6 +78,7 @@ struct warp_state {
   collective kind = collective::none;
   alignas(16) unsigned char values[2][32][16];  // a lane's value by generation parity
   std::vector<int> waiters;
+  char tsan_sync[2] = {};  // ThreadSanitizer: the lanes of one collective meet here (by parity)
 };
 
 // One block being run on this OS thread.
@@ -64,6 +86,7 @@ struct block_run {
   std::vector<std::unique_ptr<sim_thread>>* threads = nullptr;
   int count = 0, live = 0, current = -1;
   int bar_arrived = 0;
+  unsigned bar_gen = 0;  // __syncthreads completed
   std::vector<int> bar_waiters;
   std::vector<warp_state> warps;
   std::vector<int> runnable;
@@ -78,9 +101,17 @@ struct block_run {
   unsigned char* dynamic_smem = nullptr;
   std::uint64_t* rng = nullptr;
   const char* kernel = nullptr;
+  // ThreadSanitizer (tsan_view): the scheduler's own fiber, and where the block's start, its
+  // threads' ends and each __syncthreads (by parity) order the threads
+  void* tsan_scheduler = nullptr;
+  char tsan_block = 0, tsan_done = 0, tsan_bar[2] = {};
 };
 
 inline thread_local block_run* running = nullptr;
+
+// The running fiber's accesses hidden from ThreadSanitizer (the simulator's bookkeeping), and shown.
+inline void hide_in_fiber();
+inline void show_in_fiber();
 
 inline std::vector<std::unique_ptr<sim_thread>>& thread_pool() {
   thread_local std::vector<std::unique_ptr<sim_thread>> pool;
@@ -104,12 +135,27 @@ inline void yield() {
   block_run& b = *running;
   sim_thread& t = me(b);
   asan_before_switch(t.asan, b.sched_bottom, b.sched_size);
+  tsan_view::switch_to(b.tsan_scheduler);
   fiber_context::swap(t.ctx, b.scheduler);
   asan_after_switch(t.asan);
 }
 
+inline void hide_in_fiber() {
+  tsan_view::hide();
+  if constexpr (tsan_view::on) {
+    bool& hidden = me(*running).tsan_hidden;
+    if (hidden) tsan_view::show();  // already hidden (a rule broken inside a collective): once is enough
+    hidden = true;
+  }
+}
+inline void show_in_fiber() {
+  if constexpr (tsan_view::on) me(*running).tsan_hidden = false;
+  tsan_view::show();
+}
+
 // A thread breaks a rule: the block stops here (the fiber is never resumed) and the launch fails.
 [[noreturn]] inline void fail_in_kernel(const std::string& why) {
+  hide_in_fiber();
   block_run& b = *running;
   b.failed = true;
   b.failure = "thread " + idx_string(me(b).idx) + " of block " + idx_string(blockIdx) + ": " + why;
@@ -123,18 +169,27 @@ inline void release_barrier(block_run& b) {
   }
   b.bar_waiters.clear();
   b.bar_arrived = 0;
+  ++b.bar_gen;
 }
 
 [[noreturn]] inline void fiber_main() {
   block_run& b = *running;
+  tsan_view::acquire(&b.tsan_block);
   sim_thread& t = me(b);
   asan_after_switch(t.asan, &b.sched_bottom, &b.sched_size);
   b.body(b.body_arg);
+  tsan_view::release(&b.tsan_done);
+  hide_in_fiber();
   // exited: no longer awaited by __syncthreads (as on the device)
   t.st = fiber_state::done;
   --b.live;
   if (b.bar_arrived > 0 && b.bar_arrived == b.live) release_barrier(b);
-  asan_before_switch(t.asan, b.sched_bottom, b.sched_size, true);
+  const void* const sched_bottom = b.sched_bottom;
+  const std::size_t sched_size = b.sched_size;
+  void* const sched_tsan = b.tsan_scheduler;
+  show_in_fiber();
+  asan_before_switch(t.asan, sched_bottom, sched_size, true);
+  tsan_view::switch_to(sched_tsan);
   fiber_context::swap(t.ctx, b.scheduler);
   __builtin_unreachable();
 }
@@ -145,6 +200,7 @@ inline void resume(block_run& b, int i) {
   sim_thread& t = *(*b.threads)[static_cast<std::size_t>(i)];
   threadIdx = t.idx;
   asan_before_switch(b.sched_asan, t.ctx.stack_bottom(), t.ctx.stack_size());
+  tsan_view::switch_to(t.tsan);
   fiber_context::swap(b.scheduler, t.ctx);
   asan_after_switch(b.sched_asan);
 }
@@ -155,6 +211,7 @@ inline int lane_of(int linear) { return linear % 32; }
 // table of lanes' values (16 bytes apart) once all have arrived.
 inline const unsigned char* warp_collective(unsigned mask, collective kind, const char* what, const void* value,
                                             std::size_t bytes) {
+  hide_in_fiber();
   block_run& b = *running;
   const int linear = b.current, lane = lane_of(linear);
   warp_state& w = b.warps[static_cast<std::size_t>(linear / 32)];
@@ -184,7 +241,10 @@ inline const unsigned char* warp_collective(unsigned mask, collective kind, cons
     w.arrived = 0;
     ++w.gen;  // the next collective writes the other table: this one stays until every lane has read it
   }
+  tsan_view::release(&w.tsan_sync[slot]);
   yield();
+  tsan_view::acquire(&w.tsan_sync[slot]);
+  show_in_fiber();
   return &w.values[slot][0][0];
 }
 
@@ -208,13 +268,18 @@ T shuffle(unsigned mask, T v, int src, const char* what) {
 }
 
 inline void barrier() {
+  hide_in_fiber();
   block_run& b = *running;
   sim_thread& t = me(b);
+  char* sync = &b.tsan_bar[b.bar_gen & 1u];
+  tsan_view::release(sync);
   t.st = fiber_state::waiting;
   t.waits_at = "__syncthreads";
   b.bar_waiters.push_back(b.current);
   if (++b.bar_arrived == b.live) release_barrier(b);
   yield();
+  tsan_view::acquire(sync);
+  show_in_fiber();
 }
 
 // Runs body(arg) as every thread of one block; false (and b.failure) when the block failed.
@@ -228,6 +293,9 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
       return false;
     }
   }
+  b.tsan_scheduler = tsan_view::current();
+  tsan_view::release(&b.tsan_block);  // what the host (and the blocks before) wrote, the threads see
+  tsan_view::hide();
   b.threads = &pool;
   b.count = static_cast<int>(nthreads);
   b.live = b.count;
@@ -240,6 +308,12 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
     t.idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
     t.st = fiber_state::runnable;
     t.waits_at = "";
+    if constexpr (tsan_view::on) {
+      t.drop_tsan();
+      // (TSan keeps 63 characters of a name: the indices first)
+      t.name = "thread " + idx_string(t.idx) + " block " + idx_string(blockIdx) + " " + (b.kernel != nullptr ? b.kernel : "?");
+      t.tsan = tsan_view::create(t.name.c_str());
+    }
     t.ctx.prepare(&fiber_main);
     b.runnable[i] = static_cast<int>(i);
   }
@@ -277,6 +351,18 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
     resume(b, f);
   }
   running = outer;
+  if constexpr (tsan_view::on) {
+    // threads stopped by a failure never released what they did: they release it now
+    for (int i = 0; i < b.count; ++i) {
+      sim_thread& t = *pool[static_cast<std::size_t>(i)];
+      if (t.st == fiber_state::done) continue;
+      tsan_view::switch_to(t.tsan);
+      tsan_view::release(&b.tsan_done);
+      tsan_view::switch_to(b.tsan_scheduler);
+    }
+  }
+  tsan_view::acquire(&b.tsan_done);
+  tsan_view::show();
   if (b.failed) return false;
   if (b.live > 0) {
     std::string why = "deadlock: " + std::to_string(b.live) + " threads can never go on;";

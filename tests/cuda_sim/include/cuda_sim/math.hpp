@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda_sim/fiber.hpp"
+
 // min/max on mixed arithmetic types, with the usual arithmetic conversions (as nvcc's overloads).
 template <class A, class B>
   requires(std::is_arithmetic_v<A> && std::is_arithmetic_v<B>)
@@ -69,11 +71,14 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigne
 inline int __ffs(int x) { return __builtin_ffs(x); }
 
 // Atomics: a block's threads are fibers on one OS thread, switched only at barriers and
-// collectives, so a read-modify-write is atomic as written. One body, the update as a function.
+// collectives, so a read-modify-write is atomic as written. One body, the update as a function;
+// hidden from ThreadSanitizer (atomics never race with each other).
 template <class T, class F>
 T atomic_update(T* p, F update) {
+  etude::cuda_sim::detail::tsan_view::hide();
   const T old = *p;
   *p = update(old);
+  etude::cuda_sim::detail::tsan_view::show();
   return old;
 }
 template <class T>
