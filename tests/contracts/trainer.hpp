@@ -4,7 +4,8 @@
 // the configurations below (tests/contracts/configs.hpp; on CUDA through extern templates), and
 // includes this file. Each contract holds on any backend: state that must not change is compared
 // bit for bit; formulas are checked against their definition within float rounding.
-// tests/unit/trainer_contracts.cpp runs them on the CPU, tests/gpu/trainer_contracts.cpp on a GPU.
+// tests/unit/trainer_contracts.cpp runs them on the CPU, tests/gpu/trainer_contracts.cpp on a GPU and,
+// compiled as it is, under the CUDA simulator (tests/cuda_sim, test_sim_contracts).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -252,6 +253,58 @@ TEST_CASE("contract: save, restore and continue is bit-identical to training on"
   for (std::uint64_t s = 2; s < 4; ++s)
     CHECK(resumed.step(contract::random_batch(4, 12, 20 + s)).ce == straight.step(contract::random_batch(4, 12, 20 + s)).ce);
   CHECK(contract::snapshot(resumed) == contract::snapshot(straight));
+  fs::remove_all(dir);
+}
+
+// Weights only (io::save_weights, io::load_weights): a run that has state of its own takes another
+// run's weights and nothing else. Its steps, optimiser state and gradients stay its own, the weights
+// are the saved ones bit for bit, and the passes read them (on a device: uploaded before the next
+// pass; under a mixed policy: the working copy refreshed), so it evaluates exactly as the run that
+// saved them and then steps exactly as a trainer restored to the same state.
+TEST_CASE("contract: a weights-only load replaces the weights and nothing else, and the next pass reads them", "[contract][weights]" ETUDE_CONTRACT_TAG) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("etude-contract-weights-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto h = contract::contract_hyper();
+  auto other = h;  // another run: its own hyperparameters and initialisation
+  other.lr = 3e-3;
+  other.seed = h.seed + 1;
+  const auto eval_batch = contract::random_batch(4, 12, 42);
+
+  contract::trainer_for<contract_adamw> source{h};
+  source.step(contract::random_batch(4, 12, 40));
+  etude::io::save_weights(source, dir / "w.safetensors");
+  contract::trainer_for<contract_adamw> fine{other};
+  fine.step(contract::random_batch(4, 12, 43));  // state of its own, which the load must keep
+  const contract::snapshot before(fine);
+  REQUIRE_FALSE(contract::same_bits(before.params, contract::params_of(source)));
+  const auto report = etude::io::load_weights(fine, dir / "w.safetensors");
+  CHECK(report.loaded.size() == contract::trainer_for<contract_adamw>::params::count);
+  CHECK(report.kept.empty());
+  CHECK(report.skipped.empty());
+  contract::snapshot loaded(fine);
+  CHECK(contract::same_bits(loaded.params, contract::params_of(source)));
+  loaded.params = before.params;  // all else as it was
+  CHECK(loaded == before);
+  CHECK(fine.evaluate(eval_batch).ce == source.evaluate(eval_batch).ce);
+  contract::trainer_for<contract_adamw> reference{other};
+  reference.restore(fine.steps_done(), std::as_const(source).parameters(), std::as_const(fine).optimizer_state(0),
+                    std::as_const(fine).optimizer_state(1));
+  const auto next = contract::random_batch(4, 12, 44);
+  CHECK(fine.step(next).ce == reference.step(next).ce);
+  CHECK(contract::snapshot(fine) == contract::snapshot(reference));
+
+  // fp16 with an fp32 master: the loaded master's working copy is the saved run's
+  contract::trainer_for<contract_fp16> source16{h};
+  source16.step(contract::random_batch(4, 12, 45));
+  etude::io::save_weights(source16, dir / "w16.safetensors");
+  contract::trainer_for<contract_fp16> fine16{other};
+  REQUIRE_FALSE(contract::same_bits(contract::params_of(fine16), contract::params_of(source16)));
+  (void)etude::io::load_weights(fine16, dir / "w16.safetensors");
+  CHECK(contract::same_bits(contract::params_of(fine16), contract::params_of(source16)));
+  CHECK(contract::same_bits(contract::widen(fine16.working_parameters()), contract::widen(source16.working_parameters())));
+  CHECK(fine16.evaluate(eval_batch).ce == source16.evaluate(eval_batch).ce);
   fs::remove_all(dir);
 }
 
