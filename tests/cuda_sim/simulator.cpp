@@ -405,3 +405,35 @@ TEST_CASE("a misaligned 16-byte vector access stops the kernel, as it faults on 
 // The rotation without its barrier once, for ThreadSanitizer (test_sim_tsan_race): hidden, since
 // the race is the point and what it computes is not checked.
 TEST_CASE("a missing __syncthreads is a data race ThreadSanitizer reports", "[.race]") { (void)rotate_is_right<false>(); }
+
+// One element past a device allocation, and past a launch's dynamic shared memory: a device may
+// fault or silently write a neighbour; under the simulator each is a heap block of its own, so
+// AddressSanitizer stops the process at the access, in the kernel's frame. Hidden: test_sim_overrun
+// and test_sim_overrun_shared run them in the sanitizer stage, expecting those reports.
+__global__ void overrun_kernel(int* out) { out[threadIdx.x] = static_cast<int>(threadIdx.x); }
+__global__ void overrun_shared_kernel(int* out) {
+  ETUDE_DYNAMIC_SHARED(int, tile);
+  tile[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x % 32] = tile[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST_CASE("a write past a device allocation is AddressSanitizer's heap-buffer-overflow", "[.overrun]") {
+  int* out = nullptr;
+  REQUIRE(cudaMalloc(&out, 32 * sizeof(int)) == cudaSuccess);
+  ETUDE_LAUNCH(overrun_kernel, 1, 32, 0, nullptr)(out);  // in bounds: runs
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  ETUDE_LAUNCH(overrun_kernel, 1, 33, 0, nullptr)(out);  // thread 32 writes out[32]: never returns
+  cudaDeviceSynchronize();
+  FAIL("the write past the allocation was not caught (is this program built with AddressSanitizer?)");
+}
+
+TEST_CASE("a write past the dynamic shared memory is AddressSanitizer's heap-buffer-overflow", "[.overrun_shared]") {
+  int* out = nullptr;
+  REQUIRE(cudaMalloc(&out, 32 * sizeof(int)) == cudaSuccess);
+  ETUDE_LAUNCH(overrun_shared_kernel, 1, 64, 64 * sizeof(int), nullptr)(out);  // in bounds: runs
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  ETUDE_LAUNCH(overrun_shared_kernel, 1, 64, 63 * sizeof(int), nullptr)(out);  // one int short: never returns
+  cudaDeviceSynchronize();
+  FAIL("the write past the shared memory was not caught (is this program built with AddressSanitizer?)");
+}

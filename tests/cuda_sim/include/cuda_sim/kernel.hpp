@@ -154,11 +154,14 @@ inline void show_in_fiber() {
 }
 
 // A thread breaks a rule: the block stops here (the fiber is never resumed) and the launch fails.
-[[noreturn]] inline void fail_in_kernel(const std::string& why) {
+// The message is moved out of the fiber, whose frames are abandoned, never unwound: what they
+// still owned would leak.
+[[noreturn]] inline void fail_in_kernel(std::string why) {
   hide_in_fiber();
   block_run& b = *running;
   b.failed = true;
-  b.failure = "thread " + idx_string(me(b).idx) + " of block " + idx_string(blockIdx) + ": " + why;
+  why.insert(0, "thread " + idx_string(me(b).idx) + " of block " + idx_string(blockIdx) + ": ");
+  b.failure = std::move(why);
   for (;;) yield();
 }
 
