@@ -217,9 +217,12 @@ TEST_CASE("graph replay computes exactly what eager launches compute", "[gpu][st
 TEST_CASE("activation checkpointing on the device gives bit-identical gradients and weights", "[gpu][step]") {
   // recomputation runs the same kernels on the same inputs, so the bits cannot differ
   const std::pair<maker, maker> pairs[] = {{st::make_fp32, st::make_fp32_every_layer},
-                                           {st::make_bf16, st::make_bf16_selective_ffn}};
-  const char* names[] = {"fp32 none vs every_layer", "bf16 none vs selective_ffn"};
-  for (int i = 0; i < 2; ++i) {
+                                           {st::make_fp32, st::make_fp32_selective},
+                                           {st::make_bf16, st::make_bf16_selective_ffn},
+                                           {st::make_fp16, st::make_fp16_every_nth}};
+  const char* names[] = {"fp32 none vs every_layer", "fp32 none vs selective", "bf16 none vs selective_ffn",
+                         "fp16 none vs every_nth<2>"};
+  for (int i = 0; i < 4; ++i) {
     INFO(names[i]);
     const etude::hyper h = parity_hyper();
     const auto plain = pairs[i].first(h);

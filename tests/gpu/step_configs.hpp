@@ -19,12 +19,16 @@ using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
 using fp32_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>>;
 using bf16_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>>;
 using fp16_config = etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>>;
-// the same as fp32_config and bf16_config with activation checkpointing: their gradients and
-// weights must be bit-identical to those of the configurations without it
+// the same as fp32_config, bf16_config and fp16_config with each activation checkpointing policy:
+// their gradients and weights must be bit-identical to those of the configurations without it
 using fp32_every_layer_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>,
                                                     etude::checkpointing::every_layer>;
 using bf16_selective_ffn_config = etude::train_config<lm, etude::precision::bf16, etude::accumulate<2>,
                                                       etude::checkpointing::selective_ffn>;
+using fp32_selective_config = etude::train_config<lm, etude::precision::fp32, etude::accumulate<2>,
+                                                  etude::checkpointing::selective>;
+using fp16_every_nth_config = etude::train_config<lm, etude::precision::fp16, etude::accumulate<2>,
+                                                  etude::checkpointing::every_nth<2>>;
 
 // A conditioned model (step_cond.cpp, step_device_cond.cu): a 24-value attribute (table width 64)
 // and an 8-position embedding of width 32, fused by masked cross-attention in every layer: 9

@@ -54,9 +54,12 @@ std::unique_ptr<device_trainer> make_fp32(const hyper& h);
 std::unique_ptr<device_trainer> make_fp32_on(const hyper& h, int device);
 std::unique_ptr<device_trainer> make_bf16(const hyper& h);
 std::unique_ptr<device_trainer> make_fp16(const hyper& h);
-// step_device_policies.cu: fp32 with every_layer, bf16 with selective_ffn checkpointing
+// step_device_policies.cu: fp32 with every_layer and with selective, bf16 with selective_ffn, fp16
+// with every_nth<2> checkpointing
 std::unique_ptr<device_trainer> make_fp32_every_layer(const hyper& h);
+std::unique_ptr<device_trainer> make_fp32_selective(const hyper& h);
 std::unique_ptr<device_trainer> make_bf16_selective_ffn(const hyper& h);
+std::unique_ptr<device_trainer> make_fp16_every_nth(const hyper& h);
 // step_device_cond.cu: the conditioned model (cond_fp32_config), cross-attention fused
 std::unique_ptr<device_trainer> make_cond_fp32(const hyper& h);
 // step_device_cond.cu: the same conditions prepended (prepend_fp32_config)
