@@ -11,8 +11,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "etude/backend/cuda/detail/common.cuh"
@@ -343,6 +345,76 @@ TEST_CASE("a captured stream (copies, kernels, a cuBLASLt product) replays as it
   cudaStreamDestroy(s);
   cudaFreeHost(pinned);
   for (float* p : {x, y, m, out}) cudaFree(p);
+}
+
+TEST_CASE("a stream that waits on a captured event joins the capture, which must wait for it in turn",
+          "[cuda_sim]") {
+  int* d = nullptr;
+  REQUIRE(cudaMalloc(&d, 2 * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemset(d, 0, 2 * sizeof(int)) == cudaSuccess);
+  cudaStream_t main = nullptr, side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  REQUIRE(cudaStreamCreate(&main) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&side) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&fork) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&join) == cudaSuccess);
+  for (const bool rejoin : {true, false}) {
+    INFO("rejoin " << rejoin);
+    REQUIRE(cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(d, 1, sizeof(int), main) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, main) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusActive);
+    REQUIRE(cudaMemsetAsync(d + 1, 2, sizeof(int), side) == cudaSuccess);  // recorded, not run
+    if (rejoin) {
+      REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+      REQUIRE(cudaStreamWaitEvent(main, join, 0) == cudaSuccess);
+    }
+    cudaGraph_t graph = nullptr;
+    if (!rejoin) {
+      CHECK(cudaStreamEndCapture(main, &graph) == cudaErrorStreamCaptureUnjoined);
+      CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnjoined);
+      CHECK(graph == nullptr);
+      REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+      CHECK(status == cudaStreamCaptureStatusNone);
+      continue;
+    }
+    REQUIRE(cudaStreamEndCapture(main, &graph) == cudaSuccess);
+    int host[2] = {};
+    REQUIRE(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host[1] == 0);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, main) == cudaSuccess);
+    REQUIRE(cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host[0] == 0x01010101);
+    CHECK(host[1] == 0x02020202);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaEventDestroy(join);
+  cudaEventDestroy(fork);
+  cudaStreamDestroy(side);
+  cudaStreamDestroy(main);
+  cudaFree(d);
+}
+
+TEST_CASE("two devices, the current one per host thread", "[cuda_sim]") {
+  int n = 0;
+  REQUIRE(cudaGetDeviceCount(&n) == cudaSuccess);
+  if (std::getenv("ETUDE_SIM_DEVICES") == nullptr) CHECK(n == 2);
+  CHECK(cudaSetDevice(n) == cudaErrorInvalidDevice);
+  CHECK(cudaGetLastError() == cudaErrorInvalidDevice);
+  REQUIRE(cudaSetDevice(n - 1) == cudaSuccess);
+  int other = -1;
+  std::thread([&] { cudaGetDevice(&other); }).join();
+  CHECK(other == 0);
+  int mine = -1;
+  REQUIRE(cudaGetDevice(&mine) == cudaSuccess);
+  CHECK(mine == n - 1);
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
 }
 
 TEST_CASE("cuBLASLt refuses what etude never sends", "[cuda_sim]") {

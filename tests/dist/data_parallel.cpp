@@ -298,14 +298,18 @@ TEST_CASE("distribute's refusals, and a rank that stops calling", "[dist]") {
     };
     attempt({nullptr, 4096, true});
     attempt({&c, 0, false});
+    attempt({&c, 4096, r == 0});              // the ranks' steps would call different collectives
+    attempt({&c, r == 0 ? 4096u : 8192u, true});
     t.distribute({&c});
     attempt({&c});
   });
   for (const auto& m : refusals) {
-    REQUIRE(m.size() == 3);
+    REQUIRE(m.size() == 5);
     CHECK_THAT(m[0], Catch::Contains("needs a communicator"));
     CHECK_THAT(m[1], Catch::Contains("bucket_bytes"));
-    CHECK_THAT(m[2], Catch::Contains("already") && Catch::Contains("rank"));
+    CHECK_THAT(m[2], Catch::Contains("same zero1") && Catch::Contains("rank 1 zero1 = 0"));
+    CHECK_THAT(m[3], Catch::Contains("same zero1") && Catch::Contains("bucket_bytes = 8192"));
+    CHECK_THAT(m[4], Catch::Contains("already") && Catch::Contains("rank"));
   }
   const auto data = uneven_batch(4);
   std::string message;

@@ -78,32 +78,37 @@ TEST_CASE("two NCCL ranks on two devices follow one CPU process accumulating the
   const auto whole = batch_of(8, 11);
   std::vector<etude::step_stats> want;
   for (int s = 0; s < 3; ++s) want.push_back(oracle.step(whole));
-  std::vector<std::vector<float>> params(2);
-  std::vector<std::vector<etude::step_stats>> got(2);
-  std::vector<std::exception_ptr> errors(2);
-  const auto path = id_file("two").string();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        etude::nccl_communicator comm(etude::nccl_file_bootstrap{path, r, 2}, r);
-        auto t = st::make_fp32_on(hyper_for_test(), r);
-        t->distribute({&comm, 1 << 16, r == 0});
-        const auto mine = whole.examples(4 * r, 4);
-        for (int s = 0; s < 3; ++s) got[static_cast<std::size_t>(r)].push_back(t->step(mine));
-        params[static_cast<std::size_t>(r)] = t->parameters();
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ranks) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  CHECK(params[0] == params[1]);
-  for (int s = 0; s < 3; ++s) {
-    CHECK(got[0][static_cast<std::size_t>(s)].ce == Approx(want[static_cast<std::size_t>(s)].ce).epsilon(1e-5));
-    CHECK(got[0][static_cast<std::size_t>(s)].tokens == want[static_cast<std::size_t>(s)].tokens);
-  }
   const auto p = oracle.parameters();
-  CHECK(etude::test::relative_l2(std::span<const float>(params[0]), p) < 1e-4);
+  // every rank the same zero1 (the collectives of a step depend on it): reduced gradients gathered,
+  // or the optimiser sharded and the updated weights gathered
+  for (const bool zero1 : {false, true}) {
+    INFO("zero1 " << zero1);
+    std::vector<std::vector<float>> params(2);
+    std::vector<std::vector<etude::step_stats>> got(2);
+    std::vector<std::exception_ptr> errors(2);
+    const auto path = id_file(zero1 ? "two-zero1" : "two").string();
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          etude::nccl_communicator comm(etude::nccl_file_bootstrap{path, r, 2}, r);
+          auto t = st::make_fp32_on(hyper_for_test(), r);
+          t->distribute({&comm, 1 << 16, zero1});
+          const auto mine = whole.examples(4 * r, 4);
+          for (int s = 0; s < 3; ++s) got[static_cast<std::size_t>(r)].push_back(t->step(mine));
+          params[static_cast<std::size_t>(r)] = t->parameters();
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : ranks) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    CHECK(params[0] == params[1]);
+    for (int s = 0; s < 3; ++s) {
+      CHECK(got[0][static_cast<std::size_t>(s)].ce == Approx(want[static_cast<std::size_t>(s)].ce).epsilon(1e-5));
+      CHECK(got[0][static_cast<std::size_t>(s)].tokens == want[static_cast<std::size_t>(s)].tokens);
+    }
+    CHECK(etude::test::relative_l2(std::span<const float>(params[0]), p) < 1e-4);
+  }
 }

@@ -359,6 +359,18 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
                            (executor::host_resident ? "host" : "device") +
                            " memory; use the MPI communicator with the CPU backend and NCCL with CUDA");
   if (step_ != 0) throw invalid_argument(who + ": call it before the first step or restore");
+  // zero1 and the buckets decide which collectives a step calls: a rank that differs would leave the
+  // others waiting in a collective it never calls, or send its data into another one. Every rank
+  // sees every rank's settings, so all refuse together.
+  const std::int64_t mine[2] = {dp.zero1 ? 1 : 0, static_cast<std::int64_t>(dp.bucket_bytes)};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(dp.size()));
+  dp.comm->allgather_host(mine, all.data(), sizeof mine, "data-parallel settings");
+  for (std::size_t r = 1; r < static_cast<std::size_t>(dp.size()); ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+      throw invalid_argument(who + ": every rank must pass the same zero1 and bucket_bytes: rank 0 has zero1 = " +
+                             std::to_string(all[0]) + ", bucket_bytes = " + std::to_string(all[1]) + ", rank " +
+                             std::to_string(r) + " zero1 = " + std::to_string(all[2 * r]) +
+                             ", bucket_bytes = " + std::to_string(all[2 * r + 1]));
   [[maybe_unused]] const auto guard = exec_.enter();
   // one seed gives every rank the same initial weights; rank 0's make sure of it
   std::span<value_type> w = master_.host_mutable(exec_);

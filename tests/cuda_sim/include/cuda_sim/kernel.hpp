@@ -496,10 +496,13 @@ inline void run_grid(const launch_config& c, void (*body)(void*), void* arg) {
   threadIdx = saved_thread_idx;
 }
 
-// Runs `w` now, or records it in the graph the stream is capturing.
+// Runs `w` now, or records it in the graph the stream is capturing (a stream that joined the
+// capture counts its work, which the capture must wait for before it ends).
 inline cudaError_t submit(cudaStream_t s, work w) {
   if (s != nullptr && s->capturing != nullptr) {
     s->capturing->nodes.push_back(std::move(w));
+    for (auto& m : s->capturing->joined)
+      if (m.stream == s) ++m.work;
     return cudaSuccess;
   }
   w();

@@ -1,13 +1,16 @@
-// The CUDA runtime API under the simulator, as far as etude calls it: one sm_90 device; device
-// and pinned memory as separate heap blocks (AddressSanitizer sees an overrun of each; new memory
+// The CUDA runtime API under the simulator, as far as etude calls it: sm_90 devices (two, the
+// current one per host thread; ETUDE_SIM_DEVICES); device and pinned memory as separate heap blocks (AddressSanitizer sees an overrun of each; new memory
 // is filled with 0xff bytes, NaN in every float type, as a device's is not zeroed either); copies
 // and memsets; streams that run their work in order at submission (so "async" returns after the
-// work) unless they are capturing a graph, which records it for cudaGraphLaunch to replay; events;
+// work) unless they are capturing a graph, which records it for cudaGraphLaunch to replay (a stream
+// that waits on an event recorded in a capture joins it, and must be waited for before it ends); events;
 // kernels' attributes; errors as the runtime reports them (the last error per host thread, sticky
 // errors after a failed kernel).
-// Not for: unified memory, peer access, multiple devices, or texture and surface objects.
+// Not for: unified memory, peer access, memory or streams that belong to a device, or texture and
+// surface objects.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
@@ -123,6 +126,22 @@ inline cudaError_t release(void* p) {
   return cudaSuccess;
 }
 
+inline bool device_exists(int d) { return d >= 0 && d < state().devices; }
+
+// The capture in progress with this id (a captured event's), or null once it has ended.
+inline CUgraph_st* capture_of(std::uint64_t id) {
+  if (id == 0) return nullptr;
+  global_state& g = state();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  const auto it = g.captures.find(id);
+  return it == g.captures.end() ? nullptr : it->second;
+}
+inline CUgraph_st::member* joined_member(CUgraph_st* g, const CUstream_st* s) {
+  for (auto& m : g->joined)
+    if (m.stream == s) return &m;
+  return nullptr;
+}
+
 inline double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -132,7 +151,7 @@ inline double now_ms() {
 // ---- devices ------------------------------------------------------------------------------------
 inline cudaError_t cudaGetDeviceCount(int* n) {
   if (n == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
-  *n = 1;
+  *n = etude::cuda_sim::detail::state().devices;
   return cudaSuccess;
 }
 inline cudaError_t cudaGetDevice(int* d) {
@@ -141,20 +160,20 @@ inline cudaError_t cudaGetDevice(int* d) {
   return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int d) {
-  if (d != 0) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
+  if (!etude::cuda_sim::detail::device_exists(d)) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
   etude::cuda_sim::detail::this_thread().device = d;
   return cudaSuccess;
 }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (p == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
-  if (d != 0) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
+  if (!etude::cuda_sim::detail::device_exists(d)) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   p->multiProcessorCount = etude::cuda_sim::detail::state().sm_count;
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
   if (v == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
-  if (d != 0) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
+  if (!etude::cuda_sim::detail::device_exists(d)) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidDevice);
   const cudaDeviceProp p{};
   switch (a) {
     case cudaDevAttrMaxThreadsPerBlock: *v = p.maxThreadsPerBlock; break;
@@ -167,6 +186,12 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(p.sharedMemPerBlockOptin); break;
     default: return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
   }
+  return cudaSuccess;
+}
+// An H100's: lower numbers are higher priorities (priorities order nothing here: streams run at submission).
+inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = -5;
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
@@ -212,6 +237,7 @@ inline const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     default: return "cudaErrorUnknown";
   }
@@ -292,13 +318,22 @@ cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
 // ---- streams --------------------------------------------------------------------------------------
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (s == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
-  *s = new CUstream_st{flags, nullptr};
+  *s = new CUstream_st{flags, nullptr, etude::cuda_sim::detail::this_thread().device};
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidResourceHandle);
-  delete s->capturing;
+  if (s->capturing != nullptr && s->capturing->origin == s) {
+    auto& g = etude::cuda_sim::detail::state();
+    std::lock_guard<std::mutex> lock(g.mutex);
+    g.captures.erase(s->capturing->id);
+    for (auto& m : s->capturing->joined) m.stream->capturing = nullptr;
+    delete s->capturing;
+  }
   delete s;
   return cudaSuccess;
 }
@@ -308,7 +343,23 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return e == cudaSuccess ? cudaSuccess : etude::cuda_sim::detail::fail_call(e);
 }
 inline cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned = 0) { return cudaSuccess; }
+// Streams run at submission, so a wait orders nothing, except in a capture: a stream that waits on
+// an event recorded in one joins it (its work is recorded too), and a wait on an event of a joined
+// stream counts that stream's work up to the event as waited for.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+  if (e == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidResourceHandle);
+  CUgraph_st* g = s != nullptr ? etude::cuda_sim::detail::capture_of(e->capture) : nullptr;
+  if (g == nullptr) return cudaSuccess;
+  if (s->capturing == nullptr) {
+    s->capturing = g;
+    g->joined.push_back({s});
+  } else if (s->capturing != g) {
+    return etude::cuda_sim::detail::fail_call(cudaErrorStreamCaptureUnmatched);
+  }
+  if (auto* m = etude::cuda_sim::detail::joined_member(g, e->from); m != nullptr && e->from != s)
+    m->rejoined = std::max(m->rejoined, e->at);
+  return cudaSuccess;
+}
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   if (status == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidValue);
   *status = s != nullptr && s->capturing != nullptr ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
@@ -318,12 +369,37 @@ inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode)
   if (s == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorStreamCaptureUnsupported);  // the legacy stream
   if (s->capturing != nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorIllegalAddress);
   s->capturing = new CUgraph_st;
+  s->capturing->origin = s;
+  auto& g = etude::cuda_sim::detail::state();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  s->capturing->id = ++g.next_capture;
+  g.captures[s->capturing->id] = s->capturing;
   return cudaSuccess;
 }
+// Ends the capture and every stream's part in it; a joined stream whose work the capture did not
+// wait for invalidates it, as on a device.
 inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
-  if (s == nullptr || s->capturing == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorStreamCaptureUnmatched);
-  *graph = s->capturing;
+  if (s == nullptr || s->capturing == nullptr || s->capturing->origin != s)
+    return etude::cuda_sim::detail::fail_call(cudaErrorStreamCaptureUnmatched);
+  CUgraph_st* captured = s->capturing;
+  bool unjoined = false;
+  for (auto& m : captured->joined) {
+    unjoined = unjoined || m.rejoined != m.work;
+    m.stream->capturing = nullptr;
+  }
+  captured->joined.clear();
   s->capturing = nullptr;
+  {
+    auto& g = etude::cuda_sim::detail::state();
+    std::lock_guard<std::mutex> lock(g.mutex);
+    g.captures.erase(captured->id);
+  }
+  if (unjoined) {
+    delete captured;
+    *graph = nullptr;
+    return etude::cuda_sim::detail::fail_call(cudaErrorStreamCaptureUnjoined);
+  }
+  *graph = captured;
   return cudaSuccess;
 }
 
@@ -366,10 +442,16 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
   if (e == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidResourceHandle);
-  return etude::cuda_sim::detail::submit(s, [e] {
+  const cudaError_t r = etude::cuda_sim::detail::submit(s, [e] {
     e->ms = etude::cuda_sim::detail::now_ms();
     e->recorded = true;
   });
+  CUgraph_st* g = s != nullptr ? s->capturing : nullptr;
+  e->capture = g != nullptr ? g->id : 0;
+  e->from = s;
+  const auto* m = g != nullptr ? etude::cuda_sim::detail::joined_member(g, s) : nullptr;
+  e->at = m != nullptr ? m->work : 0;
+  return r;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return etude::cuda_sim::detail::fail_call(cudaErrorInvalidResourceHandle);

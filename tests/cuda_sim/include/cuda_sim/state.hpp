@@ -1,8 +1,10 @@
 // The CUDA simulator's process state: the schedule seed (ETUDE_SIM_SEED, drawn at random unless
 // pinned), the per-host-thread last error and the sticky error a failed kernel leaves (as a GPU
 // context does), the record of the last failure, kernels' attributes, streams (with graph capture's
-// recording), and the simulated device: one sm_90 GPU (132 SMs; ETUDE_SIM_SM_COUNT changes it, so a
-// test can check that results do not depend on the device's size).
+// recording), and the simulated devices: two sm_90 GPUs (ETUDE_SIM_DEVICES changes the count; the
+// current device is per host thread, and a device is only a number: memory, streams and the sticky
+// error are the process's) of 132 SMs (ETUDE_SIM_SM_COUNT changes it, so a test can check that
+// results do not depend on the device's size).
 // Not for: executing kernels (kernel.hpp) or the runtime API itself (runtime.hpp).
 #pragma once
 
@@ -24,19 +26,35 @@ namespace etude::cuda_sim::detail {
 using work = std::function<void()>;
 }  // namespace etude::cuda_sim::detail
 
+struct CUstream_st;
 struct CUgraph_st {
-  std::vector<etude::cuda_sim::detail::work> nodes;  // in stream order
+  std::vector<etude::cuda_sim::detail::work> nodes;  // in submission order (which respects every dependency)
+  // While capturing: the stream that began it, and the streams that joined it by waiting on an event
+  // recorded in it, each with its work counted and how much of it a stream of the capture has waited for
+  // (all of it, or cudaStreamEndCapture fails: cudaErrorStreamCaptureUnjoined)
+  CUstream_st* origin = nullptr;
+  std::uint64_t id = 0;
+  struct member {
+    CUstream_st* stream;
+    std::uint64_t work = 0, rejoined = 0;
+  };
+  std::vector<member> joined;
 };
 struct CUgraphExec_st {
   std::vector<etude::cuda_sim::detail::work> nodes;
 };
 struct CUstream_st {
   unsigned flags = 0;
-  CUgraph_st* capturing = nullptr;  // while capturing: the graph that records this stream's work
+  CUgraph_st* capturing = nullptr;  // while capturing (begun here or joined): the graph that records its work
+  int device = 0;                   // the current device when it was created
 };
 struct CUevent_st {
   double ms = 0.0;  // host time of the last record (streams run in order at submission)
   bool recorded = false;
+  // Recorded into a capture: its id, the stream and how much of that stream's captured work precedes it
+  std::uint64_t capture = 0;
+  CUstream_st* from = nullptr;
+  std::uint64_t at = 0;
 };
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
@@ -62,7 +80,10 @@ struct global_state {
   std::mutex mutex;  // guards the members below
   std::string last_failure;
   std::map<const void*, int> max_dynamic_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+  std::map<std::uint64_t, CUgraph_st*> captures;  // in progress, by id (a captured event names one)
+  std::uint64_t next_capture = 0;
   std::atomic<std::uint64_t> threads_seen{0};
+  int devices = 2;  // ETUDE_SIM_DEVICES: ranks of one process get one each (NCCL, tests/gpu/step_nccl.cpp)
 
   global_state() {
     if (const char* s = std::getenv("ETUDE_SIM_SEED"); s != nullptr && *s != '\0') {
@@ -73,6 +94,7 @@ struct global_state {
       seed = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
     }
     if (const char* s = std::getenv("ETUDE_SIM_SM_COUNT"); s != nullptr && std::atoi(s) > 0) sm_count = std::atoi(s);
+    if (const char* s = std::getenv("ETUDE_SIM_DEVICES"); s != nullptr && std::atoi(s) > 0) devices = std::atoi(s);
   }
 };
 

@@ -88,6 +88,7 @@ enum cudaError {
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
   cudaErrorStreamCaptureImplicit = 906,
   cudaErrorUnknown = 999,
 };
