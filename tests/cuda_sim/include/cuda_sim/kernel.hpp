@@ -81,6 +81,46 @@ struct warp_state {
   char tsan_sync[2] = {};  // ThreadSanitizer: the lanes of one collective meet here (by parity)
 };
 
+// The threads of a block that can run, by warp. A draw takes one uniformly from all of them, or
+// uniformly from the first warp of a given order that has one; either in O(warps), not O(threads).
+class runnable_set {
+ public:
+  void reset(std::size_t warps) {
+    lists_.resize(warps);
+    for (auto& l : lists_) l.clear();
+    count_ = 0;
+  }
+  void push(int thread) {
+    lists_[static_cast<std::size_t>(thread / 32)].push_back(thread);
+    ++count_;
+  }
+  bool empty() const { return count_ == 0; }
+  int take_any(std::uint64_t draw) {
+    std::size_t i = static_cast<std::size_t>(draw % count_);
+    for (auto& l : lists_) {
+      if (i < l.size()) return take(l, i);
+      i -= l.size();
+    }
+    return -1;  // unreachable: i < count_
+  }
+  int take_first(const std::vector<std::size_t>& warp_order, std::uint64_t draw) {
+    for (const std::size_t w : warp_order)
+      if (auto& l = lists_[w]; !l.empty()) return take(l, static_cast<std::size_t>(draw % l.size()));
+    return -1;  // unreachable when not empty()
+  }
+
+ private:
+  int take(std::vector<int>& l, std::size_t i) {
+    const int t = l[i];
+    l[i] = l.back();
+    l.pop_back();
+    --count_;
+    return t;
+  }
+  std::vector<std::vector<int>> lists_;
+  std::size_t count_ = 0;
+};
+
 // One block being run on this OS thread.
 struct block_run {
   std::vector<std::unique_ptr<sim_thread>>* threads = nullptr;
@@ -89,7 +129,7 @@ struct block_run {
   unsigned bar_gen = 0;  // __syncthreads completed
   std::vector<int> bar_waiters;
   std::vector<warp_state> warps;
-  std::vector<int> runnable;
+  runnable_set runnable;
   fiber_context scheduler;
   asan_switch sched_asan;
   const void* sched_bottom = nullptr;
@@ -168,7 +208,7 @@ inline void show_in_fiber() {
 inline void release_barrier(block_run& b) {
   for (int w : b.bar_waiters) {
     (*b.threads)[static_cast<std::size_t>(w)]->st = fiber_state::runnable;
-    b.runnable.push_back(w);
+    b.runnable.push(w);
   }
   b.bar_waiters.clear();
   b.bar_arrived = 0;
@@ -238,7 +278,7 @@ inline const unsigned char* warp_collective(unsigned mask, collective kind, cons
   if (w.arrived == w.mask) {
     for (int f : w.waiters) {
       (*b.threads)[static_cast<std::size_t>(f)]->st = fiber_state::runnable;
-      b.runnable.push_back(f);
+      b.runnable.push(f);
     }
     w.waiters.clear();
     w.arrived = 0;
@@ -305,7 +345,7 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
   b.bar_arrived = 0;
   b.bar_waiters.clear();
   b.warps.assign((nthreads + 31) / 32, warp_state{});
-  b.runnable.resize(nthreads);
+  b.runnable.reset(b.warps.size());
   for (unsigned i = 0; i < nthreads; ++i) {
     sim_thread& t = *pool[i];
     t.idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
@@ -318,7 +358,7 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
       t.tsan = tsan_view::create(t.name.c_str());
     }
     t.ctx.prepare(&fiber_main);
-    b.runnable[i] = static_cast<int>(i);
+    b.runnable.push(static_cast<int>(i));
   }
   b.failed = false;
   // Half the blocks draw each next fiber uniformly, which keeps warps near lockstep; the other half
@@ -326,31 +366,13 @@ inline bool run_block(block_run& b, unsigned nthreads, dim3 block) {
   // warp gets as far ahead of the others as its barriers allow (a read of another warp's shared
   // results without a __syncthreads between shows there, as it would not in lockstep).
   const bool by_warp = (splitmix(*b.rng) & 1u) != 0;
-  std::vector<std::uint64_t> rank(b.warps.size());
-  for (auto& r : rank) r = splitmix(*b.rng);
-  std::vector<std::size_t> top;
+  std::vector<std::size_t> warp_order(b.warps.size());  // by_warp: highest rank first
+  for (std::size_t w = 0; w < warp_order.size(); ++w) warp_order[w] = w;
+  for (std::size_t w = warp_order.size(); w > 1; --w) std::swap(warp_order[w - 1], warp_order[splitmix(*b.rng) % w]);
   block_run* outer = running;
   running = &b;
   while (!b.runnable.empty() && !b.failed) {
-    std::size_t pick = 0;
-    if (by_warp) {
-      std::uint64_t best = 0;
-      top.clear();
-      for (std::size_t i = 0; i < b.runnable.size(); ++i) {
-        const std::uint64_t r = rank[static_cast<std::size_t>(b.runnable[i] / 32)];
-        if (top.empty() || r > best) {
-          best = r;
-          top.clear();
-        }
-        if (r == best) top.push_back(i);
-      }
-      pick = top[static_cast<std::size_t>(splitmix(*b.rng) % top.size())];
-    } else {
-      pick = static_cast<std::size_t>(splitmix(*b.rng) % b.runnable.size());
-    }
-    const int f = b.runnable[pick];
-    b.runnable[pick] = b.runnable.back();
-    b.runnable.pop_back();
+    const int f = by_warp ? b.runnable.take_first(warp_order, splitmix(*b.rng)) : b.runnable.take_any(splitmix(*b.rng));
     resume(b, f);
   }
   running = outer;
