@@ -148,6 +148,31 @@ TEST_CASE("prepended conditions: the fp32 device step matches the CPU trainer", 
                                 "prepended fp32 weights after 3 steps");
 }
 
+TEST_CASE("summed conditions: the fp32 device step matches the CPU trainer", "[gpu][step][conditions]") {
+  using sum_params = st::sum_lm::params;
+  const etude::hyper h = parity_hyper(0.3);
+  etude::trainer<st::sum_fp32_config, etude::backend::cpu> cpu{h};
+  const auto gpu = st::make_sum_fp32(h);
+  REQUIRE(gpu->parameters().size() == cpu.parameters().size());
+  auto attributes_only = [](std::uint64_t seed) {  // fuse::sum takes no embedding
+    etude::token_batch b = conditioned_batch(seed);
+    b.embeddings.clear();
+    b.embedding_mask.clear();
+    return b;
+  };
+  const auto batch = attributes_only(4);
+  check_pass(gpu->loss_and_gradients(batch), cpu.loss_and_gradients(batch));
+  check_tensors<sum_params>(gpu->gradients(), as_vector(cpu.gradients()), 1e-4, "summed fp32 gradients");
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    const auto b = attributes_only(30 + s);
+    const auto cs = cpu.step(b);
+    const auto gs = gpu->step(b);
+    CHECK(relative(gs.ce, cs.ce) <= 1e-5);
+  }
+  check_tensors<sum_params>(gpu->parameters(), as_vector(cpu.parameters()), 1e-4, "summed fp32 weights after 3 steps");
+}
+
 TEST_CASE("a prefetched conditioned batch is reused only with the same conditions", "[gpu][step][conditions]") {
   const etude::hyper h = parity_hyper(0.0);
   cpu_trainer cpu{h};

@@ -46,5 +46,9 @@ using prepend_conditions = etude::conditions<etude::cond::attribute<"key", 24>,
 using prepend_lm = etude::model<cond_shape, etude::pattern::delay<0, 1, 2, 3>, prepend_conditions>;
 using prepend_fp32_config = etude::train_config<prepend_lm, etude::precision::fp32, etude::accumulate<2>,
                                                 etude::checkpointing::every_layer>;
+// The attribute summed into every position (fuse::sum, which takes attributes only).
+using sum_conditions = etude::conditions<etude::cond::attribute<"key", 24>, etude::fuse::sum>;
+using sum_lm = etude::model<cond_shape, etude::pattern::delay<0, 1, 2, 3>, sum_conditions>;
+using sum_fp32_config = etude::train_config<sum_lm, etude::precision::fp32, etude::accumulate<2>>;
 
 }  // namespace etude::gpu_test::step

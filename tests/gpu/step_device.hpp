@@ -64,5 +64,7 @@ std::unique_ptr<device_trainer> make_fp16_every_nth(const hyper& h);
 std::unique_ptr<device_trainer> make_cond_fp32(const hyper& h);
 // step_device_cond.cu: the same conditions prepended (prepend_fp32_config)
 std::unique_ptr<device_trainer> make_prepend_fp32(const hyper& h);
+// step_device_cond.cu: the attribute summed into every position (sum_fp32_config)
+std::unique_ptr<device_trainer> make_sum_fp32(const hyper& h);
 
 }  // namespace etude::gpu_test::step

@@ -18,4 +18,8 @@ std::unique_ptr<device_trainer> make_prepend_fp32(const hyper& h) {
   return std::make_unique<device_trainer_of<prepend_fp32_config>>(h);
 }
 
+std::unique_ptr<device_trainer> make_sum_fp32(const hyper& h) {
+  return std::make_unique<device_trainer_of<sum_fp32_config>>(h);
+}
+
 }  // namespace etude::gpu_test::step
