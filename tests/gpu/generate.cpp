@@ -51,6 +51,7 @@
 #include "etude/generate/generator.hpp"
 #include "etude/train/detail/step_rules.hpp"
 #include "generate_device.hpp"
+#include "host_util.hpp"
 
 namespace {
 
@@ -62,26 +63,12 @@ using etude::gpu_test::dtype;
 using etude::gpu_test::vec;
 using cpu = etude::backend::cpu;
 
-const char* name(dtype t) { return t == dtype::bf16 ? "bf16" : t == dtype::f16 ? "fp16" : "f32"; }
+using etude::gpu_test::host_dispatch;
+using etude::gpu_test::name;
+using etude::gpu_test::with_cpu_head_dim;
 
 // The rounding of a result stored in dtype t (unit roundoff; none for fp32, the compute type).
-double store_roundoff(dtype t) {
-  switch (t) {
-    case dtype::bf16: return etude::dtype_traits<etude::bf16>::unit_roundoff;
-    case dtype::f16: return etude::dtype_traits<etude::fp16>::unit_roundoff;
-    default: return 0.0;
-  }
-}
-
-// The host storage type of a run-time dtype.
-template <class F>
-decltype(auto) host_dispatch(dtype t, F&& f) {
-  switch (t) {
-    case dtype::bf16: return f(etude::bf16{});
-    case dtype::f16: return f(etude::fp16{});
-    default: return f(float{});
-  }
-}
+double store_roundoff(dtype t) { return t == dtype::f32 ? 0.0 : etude::gpu_test::unit_roundoff(t); }
 
 float round_to(dtype t, float x) {
   return host_dispatch(t, [&](auto tag) { return static_cast<float>(etude::convert<decltype(tag)>(x)); });
@@ -166,13 +153,6 @@ struct cached_case {
   int heads;
   index_t head_dim;
 };
-
-template <class F>
-void with_cpu_head_dim(index_t head_dim, F&& f) {
-  if (head_dim == 64) f(std::integral_constant<int, 64>{});
-  else if (head_dim == 128) f(std::integral_constant<int, 128>{});
-  else FAIL("no CPU cached_attention instantiated here for head dimension " << head_dim);
-}
 
 void cached_attention_against_cpu(dtype act_t, dtype cache_t, const cached_case& c) {
   const index_t d = c.heads * c.head_dim;

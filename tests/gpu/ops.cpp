@@ -25,6 +25,7 @@
 
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/core/dtype.hpp"
+#include "host_util.hpp"
 #include "ops_device.hpp"
 
 namespace {
@@ -37,14 +38,9 @@ using etude::gpu_test::vec;
 using cpu = etude::backend::cpu;
 namespace dev = etude::gpu_test;
 
-double unit_roundoff(dtype t) {
-  switch (t) {
-    case dtype::bf16: return etude::dtype_traits<etude::bf16>::unit_roundoff;
-    case dtype::f16: return etude::dtype_traits<etude::fp16>::unit_roundoff;
-    default: return etude::dtype_traits<float>::unit_roundoff;
-  }
-}
-const char* name(dtype t) { return t == dtype::bf16 ? "bf16" : t == dtype::f16 ? "fp16" : "f32"; }
+using etude::gpu_test::name;
+using etude::gpu_test::unit_roundoff;
+using etude::gpu_test::with_cpu_head_dim;
 
 float round_to(dtype t, float x) {
   switch (t) {
@@ -328,14 +324,6 @@ struct attention_case {
   int heads;
   index_t head_dim;
 };
-
-// The CPU's attention takes the head dimension as a template argument, as the model passes it.
-template <class F>
-void with_cpu_head_dim(index_t head_dim, F&& f) {
-  if (head_dim == 64) f(std::integral_constant<int, 64>{});
-  else if (head_dim == 128) f(std::integral_constant<int, 128>{});
-  else FAIL("no CPU attention instantiated here for head dimension " << head_dim);
-}
 
 void attention_against_cpu(dtype t, const attention_case& c) {
   const index_t d = c.heads * c.head_dim, rows = c.batch * c.steps;
