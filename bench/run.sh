@@ -27,6 +27,14 @@
 #                       sequence of 2048 frames, the same B·T as tiny: what long sequences cost)
 #   ETUDE_BENCH_TORCH2  0 skips PyPI's torch (default 1)
 #   ETUDE_BENCH_BUILD_JOBS  parallel compile jobs for step_bench (default the thread count)
+#
+# Every run appends its summary to docs/benchmarks.md as one dated section naming the CPU (model
+# name; avx2, fma, avx512f, avx512_bf16, amx_bf16 present or not), the commit and the settings
+# (bench/step_report.py --record), so a figure needs no hand edit:
+#   ETUDE_BENCH_RECORD  the file to append to (default docs/benchmarks.md); 0 records nothing
+#   ETUDE_BENCH_LINES   report and record the JSON lines of an earlier run (kept with
+#                       ETUDE_BENCH_KEEP_LINES=FILE) instead of measuring: no build, no timing
+#   ETUDE_BENCH_KEEP_LINES  a copy of this run's JSON lines goes here
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -37,6 +45,37 @@ rounds=${ETUDE_BENCH_ROUNDS:-3}
 configs=${ETUDE_BENCH_CONFIGS:-tiny small}
 max_others=${ETUDE_BENCH_MAX_OTHERS:-0.1}
 venv=$root/build/bench-venv
+record=${ETUDE_BENCH_RECORD:-$root/docs/benchmarks.md}
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ $commit != unknown && -n $(git -C "$root" status --porcelain -- include bench 2>/dev/null) ]]; then
+  commit+=" with local changes to include/ or bench/"
+fi
+skipped=()
+failed=()
+
+# The summary of the JSON lines in $1, printed and (unless ETUDE_BENCH_RECORD=0) recorded.
+summarise() {
+  local report=(/usr/bin/python3 "$here/step_report.py" "$1" --max-others "$max_others")
+  [[ ${ETUDE_BENCH_STRICT:-0} == 1 ]] && report+=(--strict)
+  local s f
+  for s in "${skipped[@]}"; do report+=(--skipped "$s"); done
+  for f in "${failed[@]}"; do report+=(--failed "$f"); done
+  if [[ $record != 0 ]]; then
+    report+=(--record "$record" --commit "$commit")
+    if [[ -n ${ETUDE_BENCH_LINES:-} ]]; then
+      report+=(--setting "reported from $(basename "$ETUDE_BENCH_LINES"), measured earlier; the commit is the one reporting")
+    else
+      report+=(--setting "$threads threads each" --setting "$steps timed steps" --setting "$rounds interleaved rounds"
+               --setting "configurations: $configs" --setting "contended above $max_others cores of others")
+    fi
+  fi
+  "${report[@]}"
+}
+
+if [[ -n ${ETUDE_BENCH_LINES:-} ]]; then
+  summarise "$ETUDE_BENCH_LINES"
+  exit
+fi
 if ! [[ $rounds =~ ^[0-9]+$ && $rounds -ge 1 && $steps =~ ^[0-9]+$ && $steps -ge 1 ]]; then
   echo "ETUDE_BENCH_ROUNDS and ETUDE_BENCH_STEPS must be whole numbers of at least 1" >&2
   exit 2
@@ -47,7 +86,6 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DETUDE_BUILD_TESTS=OFF 
 cmake --build "$build" --target step_bench -j "${ETUDE_BENCH_BUILD_JOBS:-$threads}" >/dev/null
 
 # PyPI's torch 2.x, installed once into build/bench-venv.
-skipped=()
 torch2=""
 torch2_ok() { [[ -x $venv/bin/python ]] && "$venv/bin/python" -c \
   'import sys, torch; sys.exit(0 if int(torch.__version__.split(".")[0]) >= 2 and hasattr(torch, "compile") else 1)' \
@@ -97,7 +135,6 @@ if o < 0 or o > float(sys.argv[2]):
 
 # A peer that fails (a compiler error in torch.compile, say) is noted and the run goes on; etude's
 # own failures stop it.
-failed=()
 peer() {
   local who=$1
   shift
@@ -134,8 +171,5 @@ for round in $(seq 1 "$rounds"); do
 done
 
 echo
-report=(/usr/bin/python3 "$here/step_report.py" "$out" --max-others "$max_others")
-[[ ${ETUDE_BENCH_STRICT:-0} == 1 ]] && report+=(--strict)
-for s in "${skipped[@]}"; do report+=(--skipped "$s"); done
-for f in "${failed[@]}"; do report+=(--failed "$f"); done
-"${report[@]}"
+[[ -n ${ETUDE_BENCH_KEEP_LINES:-} ]] && cp "$out" "$ETUDE_BENCH_KEEP_LINES"
+summarise "$out"

@@ -5,11 +5,16 @@ Reads the JSON lines run.sh collected (step_bench's and torch_step.py's, each ta
 bench/cpu_load.py with "who", "config" and "round"). A figure whose timed window saw other
 processes use more than --max-others cores (or whose load could not be read) is marked
 CONTENDED with the load; --strict refuses to print figures at all when any is contended.
+--record FILE appends the same summary to FILE (docs/benchmarks.md) as one dated Markdown section
+naming the CPU, its flags that matter and the commit, so no figure needs a hand edit.
   step_report.py LINES.jsonl [--max-others 0.1] [--strict] [--skipped "WHO: why" ...] [--failed "..." ...]
+                 [--record FILE [--commit C] [--setting "what" ...] [--cpuinfo /proc/cpuinfo]]
 """
 
 import argparse
+import datetime
 import json
+import os
 import statistics
 import sys
 
@@ -65,6 +70,77 @@ def mark(rows, limit):
     return f"CONTENDED: others used {worst:.2f} cores ({len(bad)} of {len(rows)} rounds)"
 
 
+# The CPU flags that decide which kernels and ceilings a run has (named in every recorded table).
+FLAGS = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]
+
+
+def cpu_description(cpuinfo):
+    """'MODEL NAME; N online; flags: avx2 fma ..., no amx_bf16' from a /proc/cpuinfo text."""
+    model, flags = "unknown CPU", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    try:
+        online = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        online = os.cpu_count() or 0
+    have = [f for f in FLAGS if f in flags]
+    lack = [f"no {f}" for f in FLAGS if f not in flags]
+    return f"{model}; {online} online; flags: {', '.join(have + lack)}"
+
+
+def row(*cells):
+    """One Markdown table row; a '|' inside a cell is escaped."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def record(path, args, rec):
+    """Appends one dated Markdown section with this run's ceilings, figures and ratios to path."""
+    try:
+        cpuinfo = open(args.cpuinfo).read()
+    except OSError:
+        cpuinfo = ""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = cpu_description(cpuinfo)
+    out = [f"### {now}: {cpu.split(';')[0]}, code {args.commit}", ""]
+    out.append(f"Written by `bench/run.sh`. CPU: {cpu}.")
+    if args.setting:
+        out.append("Settings: " + "; ".join(args.setting) + ".")
+    out += [f"Before the run: {line}" for line in rec["idle"]]
+    out += ["", rec["verdict"]]
+    out += ["", row("ceiling", "GFLOP/s", "path", "load"), "|---|---|---|---|"]
+    out += [row(*c) for c in rec["ceilings"]]
+    if rec["rows"]:
+        out += ["", row("config", "side", "ms/step", "tokens/s", "GFLOP/s", "share of its ceilings", "load"),
+                "|---|---|---|---|---|---|---|"]
+        last = None
+        for config, *rest in rec["rows"]:
+            out.append(row(config if config != last else "", *rest))
+            last = config
+    if rec["ratios"]:
+        out += ["", row("config", "ratio of tokens/s, round by round", "median [min–max]"), "|---|---|---|"]
+        last = None
+        for config, *rest in rec["ratios"]:
+            out.append(row(config if config != last else "", *rest))
+            last = config
+    if rec["notes"]:
+        out += [""] + [f"- {line}" for line in rec["notes"]]
+    text = "\n".join(out) + "\n"
+    exists = os.path.exists(path)
+    old = open(path).read() if exists else ""
+    with open(path, "a") as f:
+        if not exists:
+            f.write("# Benchmarks\n")
+        elif old and not old.endswith("\n"):
+            f.write("\n")
+        f.write("\n" + text)
+    print(f"Recorded in {path}.")
+
+
 def spread(values, fmt):
     if len(values) == 1:
         return fmt.format(values[0])
@@ -78,6 +154,10 @@ def main():
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--skipped", action="append", default=[], help="a contender not run, and why")
     ap.add_argument("--failed", action="append", default=[], help="a peer's run that failed")
+    ap.add_argument("--record", help="append a dated Markdown table of this run to this file")
+    ap.add_argument("--commit", default="unknown", help="the code's commit, for --record")
+    ap.add_argument("--setting", action="append", default=[], help="a setting of the run, for --record")
+    ap.add_argument("--cpuinfo", default="/proc/cpuinfo", help="where --record reads the CPU's name and flags")
     args = ap.parse_args()
     limit = args.max_others
 
@@ -97,10 +177,12 @@ def main():
               f"ETUDE_BENCH_STRICT to see them marked.")
         return 3
 
+    rec = {"ceilings": [], "rows": [], "ratios": [], "notes": [], "verdict": "", "idle": []}  # for --record
     for r in rows:
         if r.get("bench") == "idle":
             print(f"Before the run, with nothing of ours running: others used {others(r):.2f} cores "
                   f"over {r['window_s']:.1f} s.")
+            rec["idle"].append(f"others used {others(r):.2f} cores over {r['window_s']:.1f} s with nothing of ours running.")
     # A ceiling is the best quiet measurement; if every one was contended, the best contended one, marked.
     ceiling = {}
     print("Ceilings, measured in this run (best quiet measurement over the rounds):")
@@ -108,10 +190,12 @@ def main():
         rs = ceiling_rows[name]
         if not rs:
             print(f"  {title:24s} not measured")
+            rec["ceilings"].append((title, "not measured", "", ""))
             continue
         measured = [r for r in rs if r.get("gflops") is not None]
         if not measured:
             print(f"  {title:24s} n/a ({rs[0].get('isa', 'unavailable')})")
+            rec["ceilings"].append((title, "n/a", rs[0].get("isa", "unavailable"), ""))
             continue
         quiet = [r for r in measured if not contended(r, limit)]
         best = max(quiet or measured, key=lambda r: r["gflops"])
@@ -122,6 +206,7 @@ def main():
                 what += f" [{best[path]}]"
         print(f"  {title:24s} {best['gflops']:7.1f} GFLOP/s  {what}  "
               f"{'quiet' if quiet else mark(measured, limit)}")
+        rec["ceilings"].append((title, f"{best['gflops']:.1f}", what, "quiet" if quiet else mark(measured, limit)))
 
     for config, desc in CONFIGS.items():
         mine = [r for r in step_rows if r["config"] == config]
@@ -146,6 +231,9 @@ def main():
                     fractions.append(f"{SHORT[c]} n/a")
             print(f"  {who:22s} {spread(ms, '{:.0f}')} ms/step  {spread(tok, '{:.0f}')} tok/s  "
                   f"{statistics.median(gf):.1f} GFLOP/s = {', '.join(fractions)}  | {mark(rs, limit)}")
+            rec["rows"].append((f"{config} ({desc}), {len(rounds)} round(s)", who, spread(ms, "{:.0f}"),
+                                spread(tok, "{:.0f}"), f"{statistics.median(gf):.1f}", ", ".join(fractions),
+                                mark(rs, limit)))
         for line in args.skipped:
             print(f"  {line}")
 
@@ -177,18 +265,24 @@ def main():
                 label = f"strongest peer ({best})"
             print(f"    {mine_who} / {label}: {spread(ratios, '{:.2f}x')}"
                   f"{'  CONTENDED' if bad else ''}")
+            rec["ratios"].append((config, f"{mine_who} / {label}", spread(ratios, "{:.2f}x") + (" CONTENDED" if bad else "")))
 
     print()
     for line in args.failed:
         print(f"FAILED: {line}")
     if not n_all:
-        print("VERDICT: no figures were taken.")
+        verdict = "VERDICT: no figures were taken."
     elif n_bad:
-        print(f"VERDICT: {n_bad} of {n_all} figures were taken while other processes used more than {limit} cores "
-              f"(or their load could not be read): CONTENDED, not fit to quote. Rerun on a quiet machine "
-              f"(ETUDE_BENCH_MAX_OTHERS sets the limit; ETUDE_BENCH_STRICT=1 refuses instead of marking).")
+        verdict = (f"VERDICT: {n_bad} of {n_all} figures were taken while other processes used more than {limit} cores "
+                   f"(or their load could not be read): CONTENDED, not fit to quote. Rerun on a quiet machine "
+                   f"(ETUDE_BENCH_MAX_OTHERS sets the limit; ETUDE_BENCH_STRICT=1 refuses instead of marking).")
     else:
-        print(f"VERDICT: quiet: every figure's timed window saw other processes use at most {limit} cores.")
+        verdict = f"VERDICT: quiet: every figure's timed window saw other processes use at most {limit} cores."
+    print(verdict)
+    if args.record:
+        rec["verdict"] = verdict
+        rec["notes"] = args.skipped + [f"FAILED: {line}" for line in args.failed]
+        record(args.record, args, rec)
     return 0
 
 
