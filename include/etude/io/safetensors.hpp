@@ -54,7 +54,6 @@
 #include "etude/core/error.hpp"
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/core/detail/xxhash64.hpp"
-#include "etude/data/error.hpp"
 #include "etude/io/detail/float16.hpp"
 #include "etude/io/detail/strict_json.hpp"
 
@@ -65,7 +64,7 @@ static_assert(std::endian::native == std::endian::little,
               "little-endian host");
 
 // A safetensors file that is missing, unreadable, malformed or inconsistent, or a tensor asked of it
-// that it does not hold in the form asked. A data_error, so one handler catches every file problem.
+// that it does not hold in the form asked. A file_error, so one handler catches every file problem.
 class safetensors_error : public file_error {
  public:
   using file_error::file_error;
@@ -183,7 +182,7 @@ class safetensors_file {
       map_ = etude::detail::mapped_file(path);
     } catch (const safetensors_error&) {
       throw;
-    } catch (const data_error& e) {
+    } catch (const file_error& e) {
       throw safetensors_error(e.what());
     }
     parse();
@@ -598,7 +597,7 @@ class safetensors_writer {
       out.commit();
     } catch (const safetensors_error&) {
       throw;
-    } catch (const data_error& e) {
+    } catch (const file_error& e) {
       throw safetensors_error(e.what());
     }
   }
