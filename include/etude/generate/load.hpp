@@ -54,7 +54,7 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
   const io::checkpoint_file c(file);
   const io::json ours = io::describe_run(t);
   const io::json theirs{{"config", c.state().value("config", io::json(nullptr))}};
-  if (auto diff = track::config_diff(io::json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
+  if (auto diff = io::config_diff(io::json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
     std::string msg = file.string() + ": written by another configuration; cannot generate from it with this one. "
                                       "Differences:";
     for (const auto& d : diff) msg += "\n  " + d;

@@ -68,7 +68,7 @@
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
 #include "etude/train/communicator.hpp"
-#include "etude/track/config_record.hpp"
+#include "etude/io/config_record.hpp"
 #include "etude/version.hpp"
 
 namespace etude::io {
@@ -122,8 +122,8 @@ inline std::string code_version() {
 template <class Trainer>
 json describe_run(const Trainer& t) {
   json j;
-  j["config"] = track::describe_config<typename Trainer::config>();
-  j["hyper"] = track::reflect(t.hyperparameters());
+  j["config"] = describe_config<typename Trainer::config>();
+  j["hyper"] = reflect(t.hyperparameters());
   return j;
 }
 
@@ -284,7 +284,7 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   st["format"] = "etude.checkpoint";
   st["format_version"] = detail::single_file_format;  // save_parallel raises it for a sharded commit
   st["step"] = s.step;
-  st["signature"] = track::signature(st["config"]);
+  st["signature"] = signature(st["config"]);
   st["data"] = rs.data;
   st["loader"] = rs.loader;
   st["valid_ce"] = rs.valid_ce ? json(*rs.valid_ce) : json(nullptr);
@@ -316,7 +316,7 @@ shard_snapshot take_shard_snapshot(const Trainer& t) {
   s.step = t.steps_done();
   s.rank = detail::shard_rank_of(t);
   s.part = detail::shards_of(t);
-  s.signature = track::signature(describe_run(t)["config"]);
+  s.signature = signature(describe_run(t)["config"]);
   const auto n = static_cast<std::size_t>(s.part.size(s.rank));
   for (int k = 0; k < Trainer::optimizer_state_count; ++k) {
     s.slot_names.emplace_back(detail::slot_name<Trainer>(k));
@@ -666,11 +666,11 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
     for (const auto& d : diff) msg += "\n  " + d;
     throw checkpoint_mismatch(msg + "\n(" + hint + ")");
   };
-  if (auto diff = track::config_diff(ours, theirs, "the checkpoint"); !diff.empty())
+  if (auto diff = config_diff(ours, theirs, "the checkpoint"); !diff.empty())
     refuse("written by another configuration", diff, "to start a new run from its weights only, use etude::io::load_weights");
   // a format-1 checkpoint does not know its data; from format 2 on, other data is another run
   if (const json saved = c.state().value("data", json(nullptr)); !data.is_null() && !saved.is_null())
-    if (auto diff = track::config_diff(data, saved, "the checkpoint"); !diff.empty())
+    if (auto diff = config_diff(data, saved, "the checkpoint"); !diff.empty())
       refuse("trained on other data", diff, "resume with the data the run started on, or start a new run directory");
 
   staged_checkpoint s;
