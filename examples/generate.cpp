@@ -15,7 +15,7 @@
 
 #include <etude/data/condition_vocab.hpp>
 #include <etude/data/npy.hpp>
-#include <etude/generate/load.hpp>
+#include <etude/io/load_generator.hpp>
 
 #include "chorale_samples.hpp"
 #include "cli.hpp"
@@ -116,8 +116,8 @@ etude::condition_input condition_of(const options& o) {
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  auto gen = o.weights.empty() ? etude::generator_from_checkpoint<cfg>(o.checkpoint)
-                               : etude::generator_from_weights<cfg>(o.weights);
+  auto gen = o.weights.empty() ? etude::io::generator_from_checkpoint<cfg>(o.checkpoint)
+                               : etude::io::generator_from_weights<cfg>(o.weights);
   etude::token_batch prompt;
   if (!o.prompt.empty()) {
     const auto codes = etude::data::read_npy_codes(o.prompt);

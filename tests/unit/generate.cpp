@@ -11,7 +11,7 @@
 
 #include <etude/etude.hpp>
 #include <etude/generate/generator.hpp>
-#include <etude/generate/load.hpp>
+#include <etude/io/load_generator.hpp>
 #include <etude/io/checkpoint.hpp>
 
 #include <filesystem>
@@ -391,13 +391,13 @@ TEST_CASE("generators from a trainer, a weights file and a checkpoint sample the
   }
   const auto o = opts(2, 14, 5);
   const auto want = etude::make_generator(t).generate(o);
-  CHECK(etude::generator_from_weights<cfg>(dir / "weights.safetensors").generate(o).tokens == want.tokens);
-  CHECK(etude::generator_from_checkpoint<cfg>(dir / "ckpt").generate(o).tokens == want.tokens);
+  CHECK(etude::io::generator_from_weights<cfg>(dir / "weights.safetensors").generate(o).tokens == want.tokens);
+  CHECK(etude::io::generator_from_checkpoint<cfg>(dir / "ckpt").generate(o).tokens == want.tokens);
   // another model's checkpoint is refused, naming the difference
   using other = etude::train_config<etude::model<tiny, etude::pattern::flatten>, etude::schedule::cosine>;
-  CHECK(error_of([&] { etude::generator_from_checkpoint<other>(dir / "ckpt"); }).find("another configuration") !=
+  CHECK(error_of([&] { etude::io::generator_from_checkpoint<other>(dir / "ckpt"); }).find("another configuration") !=
         std::string::npos);
-  CHECK(error_of([&] { etude::generator_from_checkpoint<cfg>(dir); }).find("no checkpoint") != std::string::npos);
+  CHECK(error_of([&] { etude::io::generator_from_checkpoint<cfg>(dir); }).find("no checkpoint") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

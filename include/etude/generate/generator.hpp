@@ -8,7 +8,7 @@
 // a conditioned model, conditional and null rows are decoded together (generate/conditions.hpp).
 // Host-side control, backend-side arithmetic: the same generator serves every backend; the host
 // samples from the logits of the codebooks a step needs.
-// Not for: loading weights from files (generate/load.hpp), rendering tokens.
+// Not for: loading weights from files (io/load_generator.hpp), rendering tokens.
 #pragma once
 
 #include <algorithm>

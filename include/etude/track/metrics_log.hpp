@@ -31,7 +31,6 @@
 
 #include "etude/core/error.hpp"
 #include "etude/core/detail/posix_file.hpp"
-#include "etude/data/error.hpp"
 
 namespace etude::track {
 
@@ -130,7 +129,7 @@ struct metrics_scan {
 };
 
 // Splits `bytes` into records; blank lines are skipped. Any bad line but a torn last one is
-// corruption and raises data_error naming the file and the line.
+// corruption and raises file_error naming the file and the line.
 inline metrics_scan scan_metrics(std::string_view bytes, const std::filesystem::path& file) {
   metrics_scan s;
   std::size_t at = 0;
@@ -148,7 +147,7 @@ inline metrics_scan scan_metrics(std::string_view bytes, const std::filesystem::
         s.dropped_tail = std::string(text);
         s.dropped_at = at;
       } else {
-        throw data_error(file.string() + ": line " + std::to_string(number) + " (byte " + std::to_string(at) +
+        throw file_error(file.string() + ": line " + std::to_string(number) + " (byte " + std::to_string(at) +
                          "): " + why + "; only an unterminated last line can be the remains of an interrupted " +
                          "write, so this log is corrupt: repair or remove that line");
       }
@@ -170,7 +169,7 @@ inline void write_all(int fd, std::string_view bytes, const std::filesystem::pat
     const ::ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
-      throw data_error(file.string() + ": cannot append to the metrics log: " +
+      throw file_error(file.string() + ": cannot append to the metrics log: " +
                        etude::detail::errno_text(w < 0 ? errno : ENOSPC) + "; check free disk space");
     p += w;
     n -= static_cast<std::size_t>(w);
@@ -183,7 +182,7 @@ inline void write_all(int fd, std::string_view bytes, const std::filesystem::pat
 inline metrics_contents read_metrics(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec))
-    throw data_error(file.string() + ": no metrics log here; check the run directory");
+    throw file_error(file.string() + ": no metrics log here; check the run directory");
   const etude::detail::mapped_file f(file);
   auto scan = detail::scan_metrics(detail::mapped_bytes(f), file);
   metrics_contents c;
@@ -232,27 +231,27 @@ class metrics_log {
       std::error_code ec;
       std::filesystem::create_directories(file_.parent_path(), ec);
       if (ec)
-        throw data_error(file_.string() + ": cannot create the directory of the metrics log: " + ec.message() +
+        throw file_error(file_.string() + ": cannot create the directory of the metrics log: " + ec.message() +
                          "; check the path and its permissions");
     }
     // A FIFO (or device) under the log's name must be refused, not waited on for a reader: say
     // what it is before opening, and open with O_NONBLOCK in case it appears in between.
     struct stat st {};
     if (::stat(file_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      throw data_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
+      throw file_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
                        ", not a regular file; remove it or choose another run directory");
     const int fd = ::open(file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0644);
     if (fd < 0)
-      throw data_error(file_.string() + ": cannot open the metrics log for appending: " +
+      throw file_error(file_.string() + ": cannot open the metrics log for appending: " +
                        etude::detail::errno_text(errno) + "; check that the run directory is writable");
     fd_ = etude::detail::unique_fd(fd);
     if (::fstat(fd, &st) != 0)
-      throw data_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
+      throw file_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
     if (!S_ISREG(st.st_mode))
-      throw data_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
+      throw file_error(file_.string() + ": the metrics log is " + etude::detail::file_type_name(st.st_mode) +
                        ", not a regular file; remove it or choose another run directory");
     if (::fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) != 0)
-      throw data_error(file_.string() + ": cannot make the metrics log blocking: " + etude::detail::errno_text(errno));
+      throw file_error(file_.string() + ": cannot make the metrics log blocking: " + etude::detail::errno_text(errno));
     repair_tail();
   }
 
@@ -301,7 +300,7 @@ class metrics_log {
   // Forces the written lines to disk (write() already hands each line to the kernel).
   void sync() {
     if (fd_ && ::fsync(fd_.get()) != 0)
-      throw data_error(file_.string() + ": fsync of the metrics log failed: " + etude::detail::errno_text(errno));
+      throw file_error(file_.string() + ": fsync of the metrics log failed: " + etude::detail::errno_text(errno));
   }
   void close() { fd_.reset(); }
 
@@ -316,7 +315,7 @@ class metrics_log {
   void repair_tail() {
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0)
-      throw data_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
+      throw file_error(file_.string() + ": cannot stat the metrics log: " + etude::detail::errno_text(errno));
     if (st.st_size == 0) return;
     std::uint64_t keep = 0;
     bool terminate = false;
@@ -334,14 +333,14 @@ class metrics_log {
       } else if (why == "not valid JSON") {
         repaired_tail_ = std::string(tail);
       } else {
-        throw data_error(file_.string() + ": the last line (byte " + std::to_string(keep) + "): " + why +
+        throw file_error(file_.string() + ": the last line (byte " + std::to_string(keep) + "): " + why +
                          "; this log is corrupt: repair or remove that line");
       }
     }
     if (terminate) {
       detail::write_all(fd_.get(), "\n", file_);
     } else if (::ftruncate(fd_.get(), static_cast<::off_t>(keep)) != 0) {
-      throw data_error(file_.string() + ": cannot cut off the torn last line of the metrics log: " +
+      throw file_error(file_.string() + ": cannot cut off the torn last line of the metrics log: " +
                        etude::detail::errno_text(errno));
     }
   }

@@ -39,7 +39,6 @@
 
 #include "etude/core/error.hpp"
 #include "etude/core/detail/posix_file.hpp"
-#include "etude/data/error.hpp"
 #include "etude/core/detail/crc32c.hpp"
 
 namespace etude::track {
@@ -146,7 +145,7 @@ class proto_reader {
     return {static_cast<std::uint32_t>(t >> 3), static_cast<wire>(w)};
   }
   [[noreturn]] void fail(const std::string& what) const {
-    throw data_error(where_ + ": malformed protobuf: " + what + " (at byte " + std::to_string(pos_) + ")");
+    throw file_error(where_ + ": malformed protobuf: " + what + " (at byte " + std::to_string(pos_) + ")");
   }
 
  private:
@@ -219,7 +218,7 @@ inline event parse_event(std::string_view d, const std::string& where) {
   return e;
 }
 
-// The records of a TFRecord file of Events. strict: the first bad record raises data_error naming
+// The records of a TFRecord file of Events. strict: the first bad record raises file_error naming
 // the file, the record and its offset; otherwise the scan stops there and says why.
 inline event_scan scan_events(const unsigned char* b, std::uint64_t size, const std::filesystem::path& file, bool strict) {
   auto le = [&](std::uint64_t at, int bytes) {
@@ -251,12 +250,12 @@ inline event_scan scan_events(const unsigned char* b, std::uint64_t size, const 
                              at, at + 16 + len});
         at += 16 + len;
         continue;
-      } catch (const data_error& e) {
+      } catch (const file_error& e) {
         if (strict) throw;
         problem = e.what();
       }
     }
-    if (strict) throw data_error(problem);
+    if (strict) throw file_error(problem);
     s.problem = std::move(problem);
     break;
   }
@@ -267,7 +266,7 @@ inline event_scan scan_events(const unsigned char* b, std::uint64_t size, const 
 }  // namespace detail
 
 // Every record of a TFRecord file of Events, in order. Both CRCs of each record are verified; a
-// mismatch, a truncated record or a malformed message raises data_error naming the file, the
+// mismatch, a truncated record or a malformed message raises file_error naming the file, the
 // record and its byte offset.
 inline std::vector<event> read_events(const std::filesystem::path& file) {
   etude::detail::mapped_file f(file);
@@ -335,7 +334,7 @@ struct tensorboard_options {
 
 // Appends scalar events to a new event file in `dir` (created if missing). Events are buffered
 // and written at flush(), close(), destruction, or once flush_bytes accumulate. Failures raise
-// data_error naming the file; the destructor cannot report them, so call close() to be sure.
+// file_error naming the file; the destructor cannot report them, so call close() to be sure.
 class tensorboard_writer {
  public:
   explicit tensorboard_writer(std::filesystem::path dir, tensorboard_options options = {})
@@ -344,7 +343,7 @@ class tensorboard_writer {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
     if (ec)
-      throw data_error(dir_.string() + ": cannot create the TensorBoard run directory: " + ec.message() +
+      throw file_error(dir_.string() + ": cannot create the TensorBoard run directory: " + ec.message() +
                        "; check the path and its permissions");
     const double now = clock_();
     std::string host = options.hostname.empty() ? machine_hostname() : options.hostname;
@@ -409,7 +408,7 @@ class tensorboard_writer {
       if (w <= 0) {
         const int e = w < 0 ? errno : ENOSPC;
         buffer_.erase(0, static_cast<std::size_t>(p - buffer_.data()));
-        throw data_error(file_.string() + ": cannot write TensorBoard events: " + etude::detail::errno_text(e) +
+        throw file_error(file_.string() + ": cannot write TensorBoard events: " + etude::detail::errno_text(e) +
                          "; check free disk space");
       }
       p += w;
@@ -423,7 +422,7 @@ class tensorboard_writer {
   void sync() {
     flush();
     if (fd_ && ::fsync(fd_.get()) != 0)
-      throw data_error(file_.string() + ": fsync of TensorBoard events failed: " + etude::detail::errno_text(errno));
+      throw file_error(file_.string() + ": fsync of TensorBoard events failed: " + etude::detail::errno_text(errno));
   }
 
   // Flushes and closes the file; later scalars raise invalid_argument.
@@ -459,7 +458,7 @@ class tensorboard_writer {
       }
       const int e = errno;
       if (e == EEXIST && attempt < 1000) continue;
-      throw data_error(file_.string() + ": cannot create the TensorBoard event file: " + etude::detail::errno_text(e) +
+      throw file_error(file_.string() + ": cannot create the TensorBoard event file: " + etude::detail::errno_text(e) +
                        "; check that the run directory is writable");
     }
   }

@@ -2,7 +2,10 @@
 // precision, accumulation, optimiser, schedule) and the runtime hyperparameters, for run records,
 // checkpoint signatures and readable diffs ("model.shape.dim: 256 in the checkpoint, 512 here").
 // Boost.Hana walks the structs, so a new field appears in every record without a second list.
-// Host only: Hana never reaches a CUDA translation unit.
+// Host only: Hana never reaches a CUDA translation unit. In io/ because checkpoints sign and
+// compare configurations with it, and the floors above (track/, run records) read it from here.
+// Not for: where records are written (track/run_directory.hpp) or what a checkpoint holds
+// (io/checkpoint.hpp).
 #pragma once
 
 #include <string>
@@ -32,7 +35,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(hyper::dropout_mode, {{hyper::dropout_mode::per_sam
                                                    {hyper::dropout_mode::per_batch, "per_batch"}})
 }  // namespace etude
 
-namespace etude::track {
+namespace etude::io {
 
 using json = nlohmann::ordered_json;
 
@@ -93,4 +96,4 @@ inline std::vector<std::string> config_diff(const json& ours, const json& theirs
   return out;
 }
 
-}  // namespace etude::track
+}  // namespace etude::io

@@ -1,4 +1,4 @@
-// Host-side sources of a generator: a weights file (io::save_weights' safetensors) or a resumable
+// Host-side sources of a generator: a weights file (save_weights' safetensors) or a resumable
 // checkpoint (a ckpt-<step>.safetensors file, or a run's checkpoint directory, whose newest
 // checkpoint that verifies is taken). Both load into a CPU trainer of the configuration, the
 // weights the passes read are taken from it, and a CPU generator is built on them. A checkpoint
@@ -6,7 +6,9 @@
 // named); its hyperparameters, optimiser state and data do not matter for sampling and are not
 // checked. Reading changes nothing on disk (unlike checkpoint_manager::resume, which sets
 // rejected checkpoints aside).
-// Host only (io/ uses Hana and nlohmann_json): CUDA units include generate/generator.hpp.
+// Host only (io/ uses Hana and nlohmann_json): CUDA units include generate/generator.hpp. In io/,
+// not generate/: reading files is io's floor, and generate/ includes nothing of io/.
+// Not for: sampling itself (generate/), resuming a run (io/checkpoint.hpp: checkpoint_manager).
 #pragma once
 
 #include <algorithm>
@@ -21,16 +23,16 @@
 #include "etude/io/checkpoint.hpp"
 #include "etude/train/trainer.hpp"
 
-namespace etude {
+namespace etude::io {
 
 template <class Config>
 using cpu_generator = generator<typename Config::model, backend::cpu, typename Config::precision>;
 
-// From a weights file written by io::save_weights (or any tool using the table's names).
+// From a weights file written by save_weights (or any tool using the table's names).
 template <class Config>
 cpu_generator<Config> generator_from_weights(const std::filesystem::path& file) {
   trainer<Config, backend::cpu> t;
-  io::load_weights(t, file);
+  load_weights(t, file);
   return cpu_generator<Config>(t);
 }
 
@@ -40,7 +42,7 @@ inline std::vector<std::filesystem::path> checkpoints_newest_first(const std::fi
   std::vector<std::pair<long, std::filesystem::path>> found;
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.is_regular_file())
-      if (const auto step = io::detail::step_of(e.path()); step) found.emplace_back(*step, e.path());
+      if (const auto step = detail::step_of(e.path()); step) found.emplace_back(*step, e.path());
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::filesystem::path> out;
   for (auto& f : found) out.push_back(std::move(f.second));
@@ -51,23 +53,23 @@ template <class Config>
 cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file) {
   using params = typename Config::model::params;
   trainer<Config, backend::cpu> t;
-  const io::checkpoint_file c(file);
-  const io::json ours = io::describe_run(t);
-  const io::json theirs{{"config", c.state().value("config", io::json(nullptr))}};
-  if (auto diff = track::config_diff(io::json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
+  const checkpoint_file c(file);
+  const json ours = describe_run(t);
+  const json theirs{{"config", c.state().value("config", json(nullptr))}};
+  if (auto diff = config_diff(json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
     std::string msg = file.string() + ": written by another configuration; cannot generate from it with this one. "
                                       "Differences:";
     for (const auto& d : diff) msg += "\n  " + d;
-    throw io::checkpoint_mismatch(msg);
+    throw checkpoint_mismatch(msg);
   }
   auto master = t.parameters();
   for (const param_desc& d : params::entries) {
     const std::string key = "model." + param_name(d);
-    if (!c.tensors().contains(key)) throw io::checkpoint_error(file.string() + ": tensor " + key + " is missing");
+    if (!c.tensors().contains(key)) throw checkpoint_error(file.string() + ": tensor " + key + " is missing");
     const auto values = c.tensors().template as<float>(key);
     if (values.size() != static_cast<std::size_t>(d.numel()))
-      throw io::checkpoint_error(file.string() + ": tensor " + key + " has " + std::to_string(values.size()) +
-                                 " values, the model needs " + std::to_string(d.numel()));
+      throw checkpoint_error(file.string() + ": tensor " + key + " has " + std::to_string(values.size()) +
+                             " values, the model needs " + std::to_string(d.numel()));
     std::copy(values.begin(), values.end(), master.begin() + d.offset);
   }
   return cpu_generator<Config>(t);
@@ -85,19 +87,19 @@ cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& giv
     path = given / "checkpoints";
   const auto files = detail::checkpoints_newest_first(path);
   if (files.empty())
-    throw io::checkpoint_error(path.string() + ": no checkpoint (ckpt-<step>.safetensors) in this directory; give a "
-                                               "checkpoint file, a run's checkpoint directory or a weights file");
+    throw checkpoint_error(path.string() + ": no checkpoint (ckpt-<step>.safetensors) in this directory; give a "
+                                           "checkpoint file, a run's checkpoint directory or a weights file");
   std::string reasons;
   for (const auto& f : files) {
     try {
       return detail::generator_from_checkpoint_file<Config>(f);
-    } catch (const io::checkpoint_mismatch&) {
+    } catch (const checkpoint_mismatch&) {
       throw;  // another configuration: a different run, not a damaged file
     } catch (const error& e) {
       reasons += std::string("\n  ") + e.what();
     }
   }
-  throw io::checkpoint_error(path.string() + ": no checkpoint could be read:" + reasons);
+  throw checkpoint_error(path.string() + ": no checkpoint could be read:" + reasons);
 }
 
-}  // namespace etude
+}  // namespace etude::io
