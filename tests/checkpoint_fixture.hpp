@@ -1,5 +1,5 @@
 // The model, hyperparameters and batches the checkpoint tests train and save: one process
-// (tests/unit/checkpoint.cpp) and data-parallel ranks (tests/dist/checkpoint.cpp) on the same ones.
+// (tests/io/checkpoint.cpp) and data-parallel ranks (tests/dist/checkpoint.cpp) on the same ones.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The whole-model gradient check shared by the gradient tests (unit/gradcheck.cpp,
-// unit/conditions.cpp): for every tensor of the parameter table, its largest gradient element and
+// The whole-model gradient check shared by the gradient tests (model/gradcheck.cpp,
+// config/conditions.cpp): for every tensor of the parameter table, its largest gradient element and
 // four random ones against central differences of the loss, in double precision (the fp64 policy
 // runs the same transformer code in double). Needs Catch2.
 #pragma once

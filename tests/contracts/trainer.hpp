@@ -3,8 +3,9 @@
 // Catch2 tag, "[cpu]" or "[gpu]"), makes etude::trainer<Config, ETUDE_CONTRACT_BACKEND> usable for
 // the configurations below (tests/contracts/configs.hpp; on CUDA through extern templates), and
 // includes this file. Each contract holds on any backend: state that must not change is compared
-// bit for bit; formulas are checked against their definition within float rounding.
-// tests/unit/trainer_contracts.cpp runs them on the CPU, tests/gpu/trainer_contracts.cpp on a GPU and,
+// bit for bit; formulas are checked against their definition within float rounding (and, where the
+// backend defines ETUDE_CONTRACT_FP64, once more on an fp64 trainer within 1e-12).
+// tests/train/trainer_contracts.cpp runs them on the CPU, tests/gpu/trainer_contracts.cpp on a GPU and,
 // compiled as it is, under the CUDA simulator (tests/cuda_sim, test_sim_contracts).
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,15 +91,34 @@ inline etude::hyper contract_hyper() {
   return h;
 }
 
-// |got − want| within float rounding of the update's size.
-inline void check_update(const std::vector<float>& got, const std::vector<double>& want, double scale,
-                         const char* what) {
+// The state in double, exactly: the update formulas are evaluated in double on what the trainer
+// holds, whatever its precision (an fp64 trainer's values are not rounded to float on the way).
+template <class T>
+std::vector<double> exact(std::span<const T> v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+template <class Trainer>
+std::vector<double> exact_params(const Trainer& t) { return exact(t.parameters()); }
+template <class Trainer>
+std::vector<double> exact_grads(const Trainer& t) { return exact(t.gradients()); }
+template <class Trainer>
+std::vector<double> exact_state(const Trainer& t, int i) { return exact(t.optimizer_state(i)); }
+
+template <class Config>
+inline constexpr bool is_fp64 = std::is_same_v<typename Config::precision, etude::precision::fp64>;
+
+// |got − want| within float rounding of the update's size; in fp64 (the CPU's fp64 trainer: the
+// update formulas' oracle) within 1e-12 relative or 1e-15 absolute.
+template <class Config>
+void check_update(const std::vector<double>& got, const std::vector<double>& want, double scale, const char* what) {
   REQUIRE(got.size() == want.size());
   std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= 1e-6 * std::fabs(want[i]) + 1e-5 * scale)) {
-      if (bad++ == 0) first = i;
-    }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    const bool ok = is_fp64<Config> ? err <= std::max(1e-12 * std::fabs(want[i]), 1e-15)
+                                    : err <= 1e-6 * std::fabs(want[i]) + 1e-5 * scale;
+    if (!ok && bad++ == 0) first = i;
+  }
   INFO(what << ": " << bad << " of " << got.size() << " elements off, first at " << first);
   CHECK(bad == 0);
 }
@@ -118,57 +139,67 @@ TEST_CASE("contract: with warmup the first update has lr 0 and changes no parame
   CHECK(t.step(contract::random_batch(4, 12, 2)).lr == Approx(h.lr / 5));
 }
 
-TEST_CASE("contract: AdamW's first update is PyTorch's formula, with decay on every parameter", "[contract]" ETUDE_CONTRACT_TAG) {
-  const auto h = contract::contract_hyper();
-  const auto batch = contract::random_batch(4, 12, 3);
-  contract::trainer_for<contract_adamw> probe{h}, t{h};
+namespace contract {
+
+template <class Adamw>
+void adamw_first_update() {
+  const auto h = contract_hyper();
+  const auto batch = random_batch(4, 12, 3);
+  trainer_for<Adamw> probe{h}, t{h};
   probe.loss_and_gradients(batch);
-  const auto g = contract::grads_of(probe);
-  const auto p0 = contract::params_of(t);
+  const auto g = exact_grads(probe);
+  const auto p0 = exact_params(t);
   const etude::step_stats st = t.step(batch);
   CHECK(st.lr == h.lr);  // cosine at update 0
   // t = 1: m = (1−β1) g, v = (1−β2) g², so p ← p(1 − lr·wd) − lr · g / (|g| + eps)
   std::vector<double> want(p0.size());
   for (std::size_t i = 0; i < p0.size(); ++i)
     want[i] = p0[i] * (1.0 - h.lr * h.weight_decay) - h.lr * g[i] / (std::fabs(g[i]) + h.eps);
-  contract::check_update(contract::params_of(t), want, h.lr, "adamw");
+  check_update<Adamw>(exact_params(t), want, h.lr, "adamw");
 }
 
-TEST_CASE("contract: clipping scales by max_norm / (norm + 1e-6) only below 1", "[contract]" ETUDE_CONTRACT_TAG) {
-  auto h = contract::contract_hyper();
-  const auto batch = contract::random_batch(4, 12, 4);
+template <class Sgd>
+void clipping() {
+  auto h = contract_hyper();
+  const auto batch = random_batch(4, 12, 4);
+  h.clip_norm = 0.0;
+  trainer_for<Sgd> probe{h};
+  const double norm = probe.loss_and_gradients(batch).grad_norm;
+  const auto g = exact_grads(probe);
+  const auto p0 = exact_params(probe);
   h.clip_norm = 1e-3;
-  contract::trainer_for<contract_sgd> clipped{h};
+  trainer_for<Sgd> clipped{h};
   const etude::step_stats c = clipped.step(batch);
   REQUIRE(c.grad_norm > 1e-3);
+  CHECK(c.grad_norm == Approx(norm).epsilon(is_fp64<Sgd> ? 1e-12 : 1e-5));
   CHECK(c.clip_coef == Approx(1e-3 / (c.grad_norm + 1e-6)).epsilon(1e-12));
   h.clip_norm = 1e6;
-  contract::trainer_for<contract_sgd> unclipped{h};
+  trainer_for<Sgd> unclipped{h};
   CHECK(unclipped.step(batch).clip_coef == 1.0);
-  // the clipped step moved the weights by exactly the clipped gradient (SGD, first update)
-  h.clip_norm = 0.0;
-  contract::trainer_for<contract_sgd> probe{h};
-  probe.loss_and_gradients(batch);
-  const auto g = contract::grads_of(probe);
-  const auto p0 = contract::params_of(probe);
-  std::vector<double> want(p0.size());
-  for (std::size_t i = 0; i < p0.size(); ++i) {
-    const double gi = g[i] * c.clip_coef + h.weight_decay * p0[i];
-    want[i] = p0[i] - h.lr * (gi + h.momentum * gi);  // Nesterov, buffer = g on the first update
-  }
-  contract::check_update(contract::params_of(clipped), want, h.lr, "clipped sgd");
+  // each step moved the weights by exactly its gradient, clipped or not (SGD, first update)
+  auto check_first_update = [&](const trainer_for<Sgd>& t, double coef, const char* what) {
+    std::vector<double> want(p0.size());
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      const double gi = g[i] * coef + h.weight_decay * p0[i];
+      want[i] = p0[i] - h.lr * (gi + h.momentum * gi);  // Nesterov, buffer = g on the first update
+    }
+    check_update<Sgd>(exact_params(t), want, h.lr, what);
+  };
+  check_first_update(clipped, c.clip_coef, "clipped sgd");
+  check_first_update(unclipped, 1.0, "unclipped sgd");
 }
 
-TEST_CASE("contract: SGD with Nesterov momentum follows PyTorch's recurrence", "[contract]" ETUDE_CONTRACT_TAG) {
-  const auto h = contract::contract_hyper();
-  const auto b1 = contract::random_batch(4, 12, 5), b2 = contract::random_batch(4, 12, 6);
-  contract::trainer_for<contract_sgd> t{h}, probe{h};
+template <class Sgd>
+void sgd_recurrence() {
+  const auto h = contract_hyper();
+  const auto b1 = random_batch(4, 12, 5), b2 = random_batch(4, 12, 6);
+  trainer_for<Sgd> t{h}, probe{h};
   t.step(b1);
-  const auto buf1 = contract::state_of(t, 0);
-  const auto p1 = contract::params_of(t);
+  const auto buf1 = exact_state(t, 0);
+  const auto p1 = exact_params(t);
   probe.restore(1, std::as_const(t).parameters(), std::as_const(t).optimizer_state(0));
   probe.loss_and_gradients(b2);
-  const auto g = contract::grads_of(probe);
+  const auto g = exact_grads(probe);
   t.step(b2);
   std::vector<double> want_buf(p1.size()), want_p(p1.size());
   for (std::size_t i = 0; i < p1.size(); ++i) {
@@ -176,8 +207,34 @@ TEST_CASE("contract: SGD with Nesterov momentum follows PyTorch's recurrence", "
     want_buf[i] = h.momentum * buf1[i] + gi;
     want_p[i] = p1[i] - h.lr * (gi + h.momentum * want_buf[i]);
   }
-  contract::check_update(contract::state_of(t, 0), want_buf, 1.0, "sgd buffer");
-  contract::check_update(contract::params_of(t), want_p, h.lr, "sgd parameters");
+  check_update<Sgd>(exact_state(t, 0), want_buf, 1.0, "sgd buffer");
+  check_update<Sgd>(exact_params(t), want_p, h.lr, "sgd parameters");
+}
+
+}  // namespace contract
+
+// The update formulas, in the backend's float configurations and, where the backend has an fp64
+// trainer (ETUDE_CONTRACT_FP64: the CPU), in fp64 to 1e-12: the one copy of the trainer's fp64
+// formula checks.
+TEST_CASE("contract: AdamW's first update is PyTorch's formula, with decay on every parameter", "[contract]" ETUDE_CONTRACT_TAG) {
+  contract::adamw_first_update<contract_adamw>();
+#ifdef ETUDE_CONTRACT_FP64
+  contract::adamw_first_update<contract_adamw_fp64>();
+#endif
+}
+
+TEST_CASE("contract: clipping scales by max_norm / (norm + 1e-6) only below 1", "[contract]" ETUDE_CONTRACT_TAG) {
+  contract::clipping<contract_sgd>();
+#ifdef ETUDE_CONTRACT_FP64
+  contract::clipping<contract_sgd_fp64>();
+#endif
+}
+
+TEST_CASE("contract: SGD with Nesterov momentum follows PyTorch's recurrence", "[contract]" ETUDE_CONTRACT_TAG) {
+  contract::sgd_recurrence<contract_sgd>();
+#ifdef ETUDE_CONTRACT_FP64
+  contract::sgd_recurrence<contract_sgd_fp64>();
+#endif
 }
 
 TEST_CASE("contract: evaluation changes no state, and evaluating between steps changes no trajectory", "[contract]" ETUDE_CONTRACT_TAG) {

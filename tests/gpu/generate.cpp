@@ -19,7 +19,7 @@
 //     summation order (cuBLASLt against CBLAS, flash attention and the cache kernel's online
 //     softmax against the CPU's two passes, reduction trees): a few float ulps per op, which
 //     LayerNorm and two layers magnify; 1e-5 on |Δ| / (1 + |want|), the bound the CPU's own cached
-//     decode keeps against its full forward (tests/unit/generate.cpp), where only the order of the
+//     decode keeps against its full forward (tests/generate/generate.cpp), where only the order of the
 //     sums differs too. The greedy tokens must then be identical: the smallest top-2 margin of the
 //     CPU's logits is printed, to show how far from a tie they were.
 //   - decoder, bf16: both store every activation rounded to bf16 (u = 2^-8), rounding float

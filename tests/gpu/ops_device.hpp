@@ -8,14 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "../ops/runs.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::gpu_test {
 
-enum class dtype { f32, bf16, f16 };
-using vec = std::vector<float>;
-using tokens = std::vector<token_t>;
+// the op tests' run-time types (tests/ops/runs.hpp): these runs are the CUDA category's backend
+using etude::test::runs::dtype;
+using etude::test::runs::ln_fwd_out;
+using etude::test::runs::tokens;
+using etude::test::runs::vec;
 
 // Number of usable CUDA devices (0 without driver or device); never throws.
 int device_count();
@@ -39,9 +42,6 @@ vec embedding_fwd(dtype t, const tokens& seq, const std::vector<vec>& tables, co
 void embedding_bwd(dtype grad, dtype act, std::vector<vec>& dtables, const vec& dx, const tokens& seq, index_t batch,
                    int codebooks, index_t steps, index_t dim);
 
-struct ln_fwd_out {
-  vec y, mean, rstd, x_mid;
-};
 // residual non-empty: the fused residual_layernorm_fwd on x + residual.
 ln_fwd_out layernorm_fwd(dtype t, const vec& x, const vec& residual, const vec& gamma, const vec& beta, index_t rows,
                          index_t dim);

@@ -16,7 +16,7 @@
 //     So each of the ~4L+3 rounded tensors on the path from the embeddings to the loss and back
 //     contributes an independent error of at most u (relative, rms); independent errors add in
 //     quadrature, and the residual stream correlates them, for which we allow 4× (the bound of
-//     the CPU's own bf16-against-fp32 test, tests/unit/precision.cpp): 4·sqrt(4L+3)·u ≈ 5.2e-2,
+//     the CPU's own bf16-against-fp32 test, tests/config/precision.cpp): 4·sqrt(4L+3)·u ≈ 5.2e-2,
 //     on the loss, the whole gradient vector and every gradient tensor. (On the CPU, bf16 against
 //     fp32 — a larger difference than bf16 against bf16 — stays below 6.4e-3 on every tensor of
 //     this configuration.)

@@ -6,7 +6,8 @@
 // fuse::cross, and without a mask against fuse::cross_unmasked. The condition is one
 // cond::embedding<"text", D, LC> whose projection (enc_to_dec_proj, absent from a CausalLM) is the
 // identity with a zero bias, so etude's condition tensor is the states transformers is given.
-// Needs torch and transformers under ETUDE_PYTHON; skips with a warning when they do not import.
+// Needs torch and transformers under ETUDE_PYTHON; reports itself skipped (exit 77,
+// tests/skip.hpp) when they do not import.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
+#include "../skip.hpp"
 
 namespace io = etude::io;
 
@@ -66,7 +68,7 @@ std::vector<float> floats(const io::safetensors_file& f, const std::string& name
 }
 
 // etude's logits (B, K, S, C): the training transformer's forward to the final LayerNorm, then
-// the heads, as the trainer and tests/unit/generate.cpp compute them. states (B, LC·D) and mask
+// the heads, as the trainer and tests/generate/generate.cpp compute them. states (B, LC·D) and mask
 // (B, LC) feed the condition's embedding input; unused by an unconditioned model.
 template <class Lm>
 std::vector<float> etude_logits(const std::vector<float>& w, const std::vector<etude::token_t>& seq,
@@ -147,7 +149,7 @@ TEST_CASE("transformers' MusicgenForCausalLM and etude give the same logits thro
   etude::test::scratch_dir dir;
   const auto probe = run_peer("probe", dir / "probe.log");
   if (probe.status != 0) {
-    WARN("skipped: transformers' MusicGen is not importable under " << ETUDE_PYTHON << ": " << probe.output
+    ETUDE_TEST_SKIP("transformers' MusicGen is not importable under " << ETUDE_PYTHON << ": " << probe.output
          << (probe.output.find("pip install") == std::string::npos ? " (run .ci/install-deps as root)" : ""));
     return;
   }

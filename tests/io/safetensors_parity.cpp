@@ -6,7 +6,8 @@
 //  - every file etude writes is read by the reference with the same content and metadata;
 //  - every malformed file the script builds is refused by etude, naming the file and the problem,
 //    and by the reference too except where etude is deliberately stricter.
-// A missing safetensors package skips these cases with a warning (CI installs it).
+// A missing safetensors package skips these cases: the program reports itself skipped (exit 77,
+// tests/skip.hpp; CI installs it).
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -26,6 +27,7 @@
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
+#include "../skip.hpp"
 
 namespace io = etude::io;
 using Catch::Matchers::Contains;
@@ -74,7 +76,7 @@ bool reference_available() {
     INFO("reference: " << line);
     return true;
   }
-  WARN("skipped: the safetensors reference is not available under " << ETUDE_PY3 << ": " << line
+  ETUDE_TEST_SKIP("the safetensors reference is not available under " << ETUDE_PY3 << ": " << line
        << (line.find("pip install") == std::string::npos ? " (install with: python3 -m pip install safetensors numpy)"
                                                           : ""));
   return false;

@@ -1,7 +1,7 @@
 // Causal attention on the CPU: the forward against a naive softmax over the past, the backward
 // against central differences, in double; bf16 tensors against the double path on the same
-// values, within the rounding of the probabilities and dS. Cross-attention's bf16 path the same
-// way, with padded condition positions and an example with none to attend to.
+// values, within the rounding of the probabilities and dS. Cross-attention's bf16 path is
+// tests/ops/cross_attention.cpp's.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -84,17 +84,6 @@ TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops
 }
 
 namespace {
-
-// Values a bf16 tensor can hold (double copies of them), and the bf16 tensor itself.
-std::vector<double> rounded(std::vector<double> v) {
-  for (auto& x : v) x = static_cast<double>(static_cast<float>(etude::bf16(static_cast<float>(x))));
-  return v;
-}
-std::vector<etude::bf16> narrow(const std::vector<double>& v) {
-  std::vector<etude::bf16> b(v.size());
-  std::transform(v.begin(), v.end(), b.begin(), [](double x) { return etude::bf16(static_cast<float>(x)); });
-  return b;
-}
 
 // Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
 bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
@@ -194,9 +183,6 @@ std::vector<etude::bf16> check_bf16_attention(index_t batch, index_t steps, int 
   return att_b;
 }
 
-bool same_bits(const std::vector<etude::bf16>& a, const std::vector<etude::bf16>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(etude::bf16)) == 0;
-}
 
 }  // namespace
 
@@ -212,136 +198,6 @@ TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS"
     const auto longer_widened = check_bf16_attention(1, 600, 1);
     CHECK(!same_bits(shorter, shorter_widened));
     CHECK(!same_bits(longer, longer_widened));
-  }
-}
-
-namespace {
-
-// Cross-attention with bf16 q, kv and dO against the double path on the same values, the bounds
-// of check_bf16_attention: P (normalised) and dS rounded to bf16 where they meet the dot products,
-// float's own errors below 2^-12 of the terms' size. Example 0 attends to every condition position,
-// example 1 to the first `positions - 7`, example 2 to none (its output and gradients are 0).
-// Returns the bf16 output.
-std::vector<etude::bf16> check_bf16_cross_attention(index_t steps, index_t positions, int heads) {
-  using etude::bf16;
-  constexpr index_t hd = 64;
-  const index_t batch = 3, d = heads * hd;
-  const double u = etude::dtype_traits<bf16>::unit_roundoff, f = 0x1p-12, scale = 1 / std::sqrt(double(hd));
-  const double pu = cpu::bf16_dot_products() ? u : 0.0;
-  const auto q = rounded(random_vector(batch * steps * d, 21, 2.0)), kv = rounded(random_vector(batch * positions * 2 * d, 22, 2.0));
-  const auto dout = rounded(random_vector(batch * steps * d, 23));
-  std::vector<double> mask(static_cast<std::size_t>(batch * positions), 1.0);
-  for (index_t j = positions - 7; j < positions; ++j) mask[static_cast<std::size_t>(positions + j)] = 0.0;
-  for (index_t j = 0; j < positions; ++j) mask[static_cast<std::size_t>(2 * positions + j)] = 0.0;
-  const std::vector<float> mask_f(mask.begin(), mask.end());
-
-  std::vector<double> att(batch * steps * d), lse(batch * steps * heads), dq(q.size()), dkv(kv.size());
-  std::vector<double> sd(
-      static_cast<std::size_t>(cpu::cross_attention_scratch(steps, positions, hd, false, cpu::threads())));
-  cpu::cross_attention_fwd<hd>(att.data(), lse.data(), q.data(), kv.data(), mask.data(), batch, steps, positions,
-                               heads, d, sd.data(), index_t(sd.size()));
-  cpu::cross_attention_bwd<hd>(dq.data(), dkv.data(), dout.data(), q.data(), kv.data(), lse.data(), mask.data(), batch,
-                               steps, positions, heads, d, sd.data(), index_t(sd.size()));
-
-  const auto q_b = narrow(q), kv_b = narrow(kv), dout_b = narrow(dout);
-  std::vector<bf16> att_b(att.size());
-  std::vector<float> lse_f(lse.size()), dq_f(q.size()), dkv_f(kv.size());
-  std::vector<float> sf(static_cast<std::size_t>(cpu::cross_attention_scratch(steps, positions, hd, true, cpu::threads())));
-  cpu::cross_attention_fwd<hd>(att_b.data(), lse_f.data(), q_b.data(), kv_b.data(), mask_f.data(), batch, steps,
-                               positions, heads, d, sf.data(), index_t(sf.size()));
-  cpu::cross_attention_bwd<hd>(dq_f.data(), dkv_f.data(), dout_b.data(), q_b.data(), kv_b.data(), lse_f.data(),
-                               mask_f.data(), batch, steps, positions, heads, d, sf.data(), index_t(sf.size()));
-
-  double worst = 0;
-  auto within = [&](double got, double want, double bound, const char* what, index_t b, index_t row, index_t col) {
-    worst = std::max(worst, std::abs(got - want) / bound);
-    if (std::abs(got - want) > bound) {
-      INFO(what << " example " << b << " row " << row << " column " << col << ": " << got << " vs " << want
-                << ", bound " << bound);
-      CHECK(std::abs(got - want) <= bound);
-    }
-  };
-  const auto n = static_cast<std::size_t>(positions);
-  std::vector<double> pr(static_cast<std::size_t>(steps) * n), ds(pr.size()), dp(pr.size()), dsum(steps);
-  for (index_t b = 0; b < batch; ++b)
-    for (int h = 0; h < heads; ++h) {
-      auto qa = [&](const std::vector<double>& t, index_t i, index_t c) {
-        return t[static_cast<std::size_t>((b * steps + i) * d + h * hd + c)];
-      };
-      auto ka = [&](const std::vector<double>& t, index_t j, index_t part, index_t c) {
-        return t[static_cast<std::size_t>((b * positions + j) * 2 * d + part * d + h * hd + c)];
-      };
-      auto valid = [&](index_t j) { return mask[static_cast<std::size_t>(b * positions + j)] != 0.0; };
-      for (index_t i = 0; i < steps; ++i) {
-        const double l = lse[static_cast<std::size_t>((b * steps + i) * heads + h)];
-        const float lf = lse_f[static_cast<std::size_t>((b * steps + i) * heads + h)];
-        if (std::isinf(l)) CHECK(lf == l);
-        else CHECK(std::abs(lf - l) <= f * (1 + std::abs(l)));
-        double D = 0;
-        for (index_t j = 0; j < positions; ++j) {
-          double s = 0, g = 0;
-          for (index_t c = 0; c < hd; ++c) {
-            s += qa(q, i, c) * ka(kv, j, 0, c);
-            g += qa(dout, i, c) * ka(kv, j, 1, c);
-          }
-          const std::size_t at = static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j);
-          pr[at] = valid(j) && !std::isinf(l) ? std::exp(scale * s - l) : 0.0;
-          dp[at] = g;
-          D += pr[at] * g;
-        }
-        dsum[static_cast<std::size_t>(i)] = D;
-        for (index_t j = 0; j < positions; ++j) {
-          const std::size_t at = static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j);
-          ds[at] = pr[at] * (dp[at] - D);
-        }
-        for (index_t c = 0; c < hd; ++c) {
-          double pv = 0;
-          for (index_t j = 0; j < positions; ++j)
-            pv += pr[static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j)] * std::abs(ka(kv, j, 1, c));
-          const double o = qa(att, i, c);
-          within(static_cast<float>(att_b[static_cast<std::size_t>((b * steps + i) * d + h * hd + c)]), o,
-                 u * std::abs(o) + (pu + f) * pv + 1e-30, "att", b, i, c);
-        }
-      }
-      auto ds_bound = [&](index_t i, index_t j) {
-        const std::size_t at = static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j);
-        return pu * std::abs(ds[at]) + f * pr[at] * (std::abs(dp[at]) + std::abs(dsum[static_cast<std::size_t>(i)]));
-      };
-      for (index_t c = 0; c < hd; ++c) {
-        for (index_t i = 0; i < steps; ++i) {
-          double bq = 0;
-          for (index_t j = 0; j < positions; ++j) bq += ds_bound(i, j) * std::abs(ka(kv, j, 0, c));
-          within(dq_f[static_cast<std::size_t>((b * steps + i) * d + h * hd + c)], qa(dq, i, c), scale * bq + 1e-30,
-                 "dq", b, i, c);
-        }
-        for (index_t j = 0; j < positions; ++j) {
-          double bk = 0, bv = 0;
-          for (index_t i = 0; i < steps; ++i) {
-            bk += ds_bound(i, j) * std::abs(qa(q, i, c));
-            bv += (pu + f) * pr[static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j)] * std::abs(qa(dout, i, c));
-          }
-          const auto got = [&](index_t part) {
-            return double(dkv_f[static_cast<std::size_t>((b * positions + j) * 2 * d + part * d + h * hd + c)]);
-          };
-          within(got(0), ka(dkv, j, 0, c), scale * bk + 1e-30, "dk", b, j, c);
-          within(got(1), ka(dkv, j, 1, c), bv + 1e-30, "dv", b, j, c);
-        }
-      }
-    }
-  std::printf("bf16 cross-attention (%s), S=%ld L=%ld: largest error %.2f of its bound\n",
-              cpu::bf16_dot_products() ? "bf16 dot products" : "widened to float", static_cast<long>(steps),
-              static_cast<long>(positions), worst);
-  return att_b;
-}
-
-}  // namespace
-
-TEST_CASE("bf16 cross-attention stays within the rounding of its probabilities and dS", "[ops]") {
-  INFO(cpu::bf16_products());
-  const auto att = check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2);
-  if (cpu::bf16_dot_products()) {
-    etude::test::bf16_path_scope widened(etude::test::bf16_path::widened);
-    CHECK(!same_bits(att, check_bf16_cross_attention(cpu::cross_rows + 9, 40, 2)));
   }
 }
 

@@ -1,20 +1,100 @@
-// LayerNorm on the CPU: the backward against central differences of the forward in double, its
-// column sums for any thread count, the residual fusion against its unfused definition.
+// LayerNorm, written once for every backend (the category file ETUDE_OPS_CATEGORY names it:
+// tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// forward, fused residual and backward in f32, bf16 and fp16 against the fp64 oracle, within bounds
+// from the dtype, and two runs bit-identical. On the CPU only: the fp64 backward against central
+// differences, its column sums for any thread count, the residual fusion against its unfused
+// definition bit for bit, the fusion as a declared capability. CUDA's own question (a dim that is no
+// multiple of its vector width) is in tests/gpu/ops.cpp.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
+#include <etude/ops/layernorm.hpp>
 
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+// Bounds (u the storage dtype's unit roundoff): a value computed in float from identical inputs and
+// rounded once to the storage type is within u·|y| of the exact result, plus the float computation's
+// own error; sums in another order than the oracle's differ by at most 2·n·2^-24·Σ|terms|.
+TEST_CASE(TEST_BACKEND_NAME ": layernorm forward, fused residual and backward within the dtype's bound of fp64",
+          "[ops][layernorm]") {
+  const index_t rows = 77, dim = 96;  // rows not a multiple of a CUDA block's rows
+  const auto n = static_cast<std::size_t>(rows * dim), nd = static_cast<std::size_t>(dim);
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const double u = unit_roundoff(t);
+    const vec x = uniform(n, -2, 3, 50, t);
+    const vec gamma = uniform(nd, 0.5, 1.5, 51, t), beta = uniform(nd, -0.5, 0.5, 52, t);
+    // the oracle on the same values
+    const auto xd = as_double(x), gd = as_double(gamma), bd = as_double(beta);
+    std::vector<double> yd(n), md(static_cast<std::size_t>(rows)), rd(md.size());
+    cpu::layernorm_fwd(yd.data(), md.data(), rd.data(), xd.data(), gd.data(), bd.data(), rows, dim);
+    const vec mean = as_float(md), rstd = as_float(rd);
+    const auto out = TEST_BACKEND::layernorm_fwd(t, x, {}, gamma, beta, rows, dim);
+    // statistics in double, rounded to float once
+    check_close(out.mean, mean, 0x1p-23, 1e-7, std::string("layernorm mean ") + name(t));
+    check_close(out.rstd, rstd, 0x1p-23, 0.0, std::string("layernorm rstd ") + name(t));
+    // y = (x − m)·rs·γ + β in float (a few roundings, |x̂γ| + |β| <= ~4), then one rounding
+    check_close(out.y, as_float(yd), u + 1e-6, 1e-5, std::string("layernorm y ") + name(t));
+
+    // fused residual: x_mid = round(x + r) exactly, then the same LayerNorm
+    const vec r = uniform(n, -1, 1, 53, t);
+    vec mid(n);
+    for (std::size_t i = 0; i < n; ++i) mid[i] = round_to(t, x[i] + r[i]);
+    const auto midd = as_double(mid);
+    std::vector<double> y2(n), mean2(md.size()), rstd2(md.size());
+    cpu::layernorm_fwd(y2.data(), mean2.data(), rstd2.data(), midd.data(), gd.data(), bd.data(), rows, dim);
+    const auto fused = TEST_BACKEND::layernorm_fwd(t, x, r, gamma, beta, rows, dim);
+    check_equal(fused.x_mid, mid, std::string("residual_layernorm x_mid ") + name(t));
+    check_close(fused.y, as_float(y2), u + 1e-6, 1e-5, std::string("residual_layernorm y ") + name(t));
+
+    for (dtype g : {dtype::f32, t}) {
+      const vec dy = uniform(n, -1, 1, 54, t);
+      const vec dx0 = uniform(n, -1, 1, 55, t), dg0 = uniform(nd, -1, 1, 56, g), db0 = uniform(nd, -1, 1, 57, g);
+      // the oracle from the statistics the backend is given (float)
+      auto dx = as_double(dx0), dgam = as_double(dg0), dbet = as_double(db0);
+      const auto dyd = as_double(dy), mf = as_double(mean), rf = as_double(rstd);
+      cpu::layernorm_bwd(dx.data(), dgam.data(), dbet.data(), dyd.data(), xd.data(), mf.data(), rf.data(), gd.data(),
+                         rows, dim);
+      vec gdx = dx0, gdg = dg0, gdb = db0;
+      TEST_BACKEND::layernorm_bwd(t, g, gdx, gdg, gdb, dy, x, mean, rstd, gamma, rows, dim);
+      // dx: per-row sums in double, a few float roundings of terms of size <= rs·(|dy γ| + |a| + |x̂ c|) ~ 10
+      check_close(gdx, as_float(dx), u + 1e-6, 1e-5 * 10, std::string("layernorm dx ") + name(t));
+      // dgamma/dbeta: rows summed in another order: 2·rows·2^-24·Σ|dy x̂| (<= rows·3), then one rounding to G
+      vec bg(nd), bb(nd);
+      for (std::size_t j = 0; j < nd; ++j) {
+        double sg = 0, sb = 0;
+        for (index_t i = 0; i < rows; ++i) {
+          const auto e = static_cast<std::size_t>(i * dim) + j;
+          sg += std::fabs(dy[e] * (x[e] - mean[static_cast<std::size_t>(i)]) * rstd[static_cast<std::size_t>(i)]);
+          sb += std::fabs(dy[e]);
+        }
+        bg[j] = static_cast<float>(2.0 * (rows + 2) * 0x1p-24 * (sg + std::fabs(dg0[j])) + unit_roundoff(g) * std::fabs(dgam[j]));
+        bb[j] = static_cast<float>(2.0 * (rows + 2) * 0x1p-24 * (sb + std::fabs(db0[j])) + unit_roundoff(g) * std::fabs(dbet[j]));
+      }
+      check_within(gdg, as_float(dgam), bg, std::string("layernorm dgamma ") + name(t) + "/" + name(g));
+      check_within(gdb, as_float(dbet), bb, std::string("layernorm dbeta ") + name(t) + "/" + name(g));
+      vec again_dx = dx0, again_dg = dg0, again_db = db0;
+      TEST_BACKEND::layernorm_bwd(t, g, again_dx, again_dg, again_db, dy, x, mean, rstd, gamma, rows, dim);
+      CHECK(bit_identical(again_dx, gdx));
+      CHECK(bit_identical(again_dg, gdg));
+      CHECK(bit_identical(again_db, gdb));
+    }
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("layernorm backward matches central differences", "[ops]") {
   const index_t rows = 3, dim = 6;
@@ -116,3 +196,5 @@ TEST_CASE("the residual fusion is a capability a backend declares", "[ops]") {
   STATIC_REQUIRE_FALSE(etude::ops::fuses_residual_layernorm<declines_fusion>);
   STATIC_REQUIRE_FALSE(etude::ops::fuses_residual_layernorm<int>);
 }
+
+#endif  // TEST_BACKEND_CPU

@@ -1,7 +1,8 @@
 // PyTorch parity: the same weights and batches through tests/parity/reference.py, an independent
 // implementation of AudioCraft's MusicGen semantics in PyTorch (Debian's python3-torch). The loss
 // agrees to 1e-6 relative, every parameter gradient to 1e-5 (relative L2 per tensor), and the
-// parameters after three AdamW steps with warmup and clipping to 2e-5, for every pattern.
+// parameters after three AdamW steps with warmup and clipping to 2e-5, for every pattern. Without
+// torch under ETUDE_PYTHON the program reports itself skipped (exit 77, tests/skip.hpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include <etude/etude.hpp>
 
+#include "../skip.hpp"
 #include "../support.hpp"
 
 namespace pat = etude::pattern;
@@ -92,8 +94,21 @@ void add_conditions(etude::token_batch& b, json& c) {
   }
 }
 
+// Whether torch imports under ETUDE_PYTHON (asked once); the reference needs nothing else.
+bool torch_available() {
+  static const bool available = [] {
+    const std::string cmd = std::string(ETUDE_PYTHON) + " -c 'import torch' > /dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0;
+  }();
+  return available;
+}
+
 template <class Pattern, class Conds, class... Policies>
 void check_conditioned_parity(const std::string& name, const etude::hyper& h, int steps = 3) {
+  if (!torch_available()) {
+    ETUDE_TEST_SKIP("torch does not import under " << ETUDE_PYTHON << " (Debian: python3-torch)");
+    return;
+  }
   using lm = etude::model<tiny, Pattern, Conds>;
   using cfg = etude::train_config<lm, Policies...>;
   using trainer_t = etude::cpu_trainer<cfg>;

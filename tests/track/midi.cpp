@@ -1,7 +1,7 @@
 // Standard MIDI Files written by etude (track/midi.hpp), read back by an independent reader:
 // PyPI's mido (tests/track/read_midi.py) must see the format, the division, one named track per
-// voice on its own channel and program, the tempo and every note at its tick and second. Skips,
-// saying why, when python3 or mido is missing (`python3 -m pip install mido`).
+// voice on its own channel and program, the tempo and every note at its tick and second. Reports
+// itself skipped (exit 77, tests/skip.hpp), saying why, when python3 or mido is missing (`python3 -m pip install mido`).
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -16,6 +16,7 @@
 #include <etude/data/chorale_tokens.hpp>
 #include <etude/track/midi.hpp>
 
+#include "../skip.hpp"
 #include "support.hpp"
 
 using namespace etude::track;
@@ -42,7 +43,7 @@ std::string text_of(const fs::path& p) {
 bool read_with_mido(const fs::path& file, const scratch_dir& dir, nlohmann::json& out) {
   const std::string python = ETUDE_PY3;
   if (python.empty()) {
-    WARN("SKIPPED: no python3 was found when configuring; install python3 and `python3 -m pip install mido`");
+    ETUDE_TEST_SKIP("no python3 was found when configuring; install python3 and `python3 -m pip install mido`");
     return false;
   }
   const fs::path json = dir / "midi.json", err = dir / "midi.err";
@@ -52,7 +53,7 @@ bool read_with_mido(const fs::path& file, const scratch_dir& dir, nlohmann::json
   REQUIRE(status != -1);
   REQUIRE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) {
-    WARN("SKIPPED: " << text_of(err) << "(python: " << python << ")");
+    ETUDE_TEST_SKIP(text_of(err) << "(python: " << python << ")");
     return false;
   }
   INFO("read_midi.py stderr: " << text_of(err));

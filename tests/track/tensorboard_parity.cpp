@@ -1,7 +1,8 @@
 // Event files written by etude, read back by TensorBoard itself: the tensorboard package's
 // EventFileLoader and EventAccumulator (tests/track/read_events.py) must see every event, tag,
 // step, wall time and float32 value bit for bit. Both loaders verify the record CRCs, and stop at
-// the first bad one, so a wrong CRC shows up as missing events. Skips, saying why, when python3
+// the first bad one, so a wrong CRC shows up as missing events. Reports itself skipped (exit 77,
+// tests/skip.hpp), saying why, when python3
 // or the tensorboard package is missing (`python3 -m pip install tensorboard`).
 #include <catch2/catch.hpp>
 
@@ -18,6 +19,7 @@
 
 #include <etude/track/tensorboard.hpp>
 
+#include "../skip.hpp"
 #include "support.hpp"
 
 using namespace etude::track;
@@ -57,7 +59,7 @@ struct written {
 TEST_CASE("tensorboard parity: TensorBoard's own loaders read etude's event file exactly", "[track][parity]") {
   const std::string python = ETUDE_PY3;
   if (python.empty()) {
-    WARN("SKIPPED: no python3 was found when configuring; install python3 and `python3 -m pip install tensorboard`");
+    ETUDE_TEST_SKIP("no python3 was found when configuring; install python3 and `python3 -m pip install tensorboard`");
     return;
   }
   scratch_dir dir;
@@ -97,7 +99,7 @@ TEST_CASE("tensorboard parity: TensorBoard's own loaders read etude's event file
   REQUIRE(WIFEXITED(status));
   const int rc = WEXITSTATUS(status);
   if (rc == 77) {
-    WARN("SKIPPED: " << text_of(err) << "(python: " << python << ")");
+    ETUDE_TEST_SKIP(text_of(err) << "(python: " << python << ")");
     return;
   }
   INFO("read_events.py stderr: " << text_of(err));

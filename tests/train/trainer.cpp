@@ -1,5 +1,6 @@
-// The training step's contract: schedules, clipping, optimisers, validation that changes nothing,
-// determinism, initialisation, and bad input refused with a clear error and no state changed.
+// The training step's contract on the CPU: schedules, validation that changes nothing, determinism,
+// initialisation, and bad input refused with a clear error and no state changed. The update formulas
+// (optimisers, clipping) are the shared trainer contracts' (tests/contracts/trainer.hpp).
 #include <catch2/catch.hpp>
 
 #include <omp.h>
@@ -111,73 +112,9 @@ TEST_CASE("with warmup the first update has lr 0 and changes no parameter", "[st
   CHECK(std::memcmp(before.data(), tr.parameters().data(), before.size() * sizeof(float)) != 0);
 }
 
-TEST_CASE("AdamW's first update follows PyTorch's formula, with decay on every parameter", "[step][optim]") {
-  using cfg = etude::train_config<lm, etude::precision::fp64, etude::schedule::constant>;
-  etude::hyper h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  h.clip_norm = 0.0;
-  etude::cpu_trainer<cfg> probe{h}, tr{h};
-  const auto data = random_batch(2, 8, 3);
-  probe.loss_and_gradients(data);
-  const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
-  tr.step(data);
-  for (std::size_t i = 0; i < p0.size(); ++i) {
-    const double g = probe.gradients()[i];
-    const double m = (1 - h.beta1) * g, v = (1 - h.beta2) * g * g;
-    const double expected =
-        p0[i] * (1 - h.lr * h.weight_decay) - h.lr / (1 - h.beta1) * m / (std::sqrt(v) / std::sqrt(1 - h.beta2) + h.eps);
-    REQUIRE(tr.parameters()[i] == Approx(expected).epsilon(1e-12).margin(1e-15));
-  }
-}
-
-TEST_CASE("global-norm clipping scales gradients by max_norm / (norm + 1e-6) only below 1", "[step][clip]") {
-  using cfg = etude::train_config<lm, etude::precision::fp64, etude::optim::sgd<>, etude::schedule::constant>;
-  etude::hyper h;
-  h.lr = 0.1;
-  h.weight_decay = 0.0;
-  const auto data = random_batch(2, 8, 4);
-  etude::cpu_trainer<cfg> probe{h};
-  const double norm = probe.loss_and_gradients(data).grad_norm;
-  REQUIRE(norm > 0.05);
-  for (double clip : {0.05, 1e6}) {
-    h.clip_norm = clip;
-    etude::cpu_trainer<cfg> tr{h};
-    const std::vector<double> p0(tr.parameters().begin(), tr.parameters().end());
-    const auto st = tr.step(data);
-    CHECK(st.grad_norm == Approx(norm).epsilon(1e-12));
-    const double coef = clip / (norm + 1e-6) < 1 ? clip / (norm + 1e-6) : 1.0;
-    CHECK(st.clip_coef == Approx(coef).epsilon(1e-12));
-    // SGD's first step: p ← p − lr·coef·g
-    for (std::size_t i = 0; i < p0.size(); ++i)
-      REQUIRE(tr.parameters()[i] == Approx(p0[i] - h.lr * coef * probe.gradients()[i]).epsilon(1e-12).margin(1e-15));
-  }
-}
-
-TEST_CASE("SGD with momentum and Nesterov follows PyTorch's recurrence", "[step][optim]") {
-  using cfg = etude::train_config<lm, etude::precision::fp64, etude::optim::sgd<true>, etude::schedule::constant>;
-  etude::hyper h;
-  h.lr = 0.05;
-  h.weight_decay = 0.01;
-  h.momentum = 0.8;
-  h.clip_norm = 0.0;
-  etude::cpu_trainer<cfg> tr{h}, probe{h};
-  std::vector<double> buf(tr.parameters().size(), 0.0);
-  for (int s = 0; s < 2; ++s) {
-    const auto data = random_batch(2, 8, 10 + static_cast<std::uint64_t>(s));
-    std::copy(tr.parameters().begin(), tr.parameters().end(), probe.parameters().begin());
-    probe.loss_and_gradients(data);
-    std::vector<double> expected(tr.parameters().begin(), tr.parameters().end());
-    for (std::size_t i = 0; i < expected.size(); ++i) {
-      const double g = probe.gradients()[i] + h.weight_decay * expected[i];
-      buf[i] = s == 0 ? g : h.momentum * buf[i] + g;
-      expected[i] -= h.lr * (g + h.momentum * buf[i]);
-    }
-    tr.step(data);
-    for (std::size_t i = 0; i < expected.size(); ++i)
-      REQUIRE(tr.parameters()[i] == Approx(expected[i]).epsilon(1e-12).margin(1e-15));
-  }
-}
+// AdamW's first update, global-norm clipping and SGD's Nesterov recurrence against their formulas in
+// fp64 are the trainer contracts' (tests/contracts/trainer.hpp, on the CPU's fp64 trainer too:
+// tests/train/trainer_contracts.cpp), written once for every backend.
 
 TEST_CASE("validation touches no parameter, gradient or optimiser state", "[step][eval]") {
   etude::hyper h;
