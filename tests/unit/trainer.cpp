@@ -165,7 +165,7 @@ TEST_CASE("SGD with momentum and Nesterov follows PyTorch's recurrence", "[step]
   std::vector<double> buf(tr.parameters().size(), 0.0);
   for (int s = 0; s < 2; ++s) {
     const auto data = random_batch(2, 8, 10 + static_cast<std::uint64_t>(s));
-    std::copy(tr.parameters().begin(), tr.parameters().end(), probe.parameters().begin());
+    std::copy(tr.parameters().begin(), tr.parameters().end(), probe.parameters_for_write().begin());
     probe.loss_and_gradients(data);
     std::vector<double> expected(tr.parameters().begin(), tr.parameters().end());
     for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -354,7 +354,7 @@ TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[
   h.lr = 1e-3;
   etude::cpu_trainer<etude::train_config<lm>> tr{h};
   tr.step(random_batch(2, 8, 14));
-  auto w = tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  auto w = tr.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1));
   w[5] = std::numeric_limits<float>::infinity();
   const snapshot before(tr);
   try {
@@ -427,10 +427,14 @@ TEST_CASE("the trainer hands the update's check the last update's range until th
   tr.optimizer_state(1);
   CHECK(step() == counts{0, 1});
   CHECK(step() == counts{1, 0});
-  tr.parameters();
+  tr.parameters_for_write();
   CHECK(step() == counts{0, 1});
-  tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  tr.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1));
   CHECK(step() == counts{0, 1});
+  CHECK(step() == counts{1, 0});
+  // reading through a non-const trainer is a read too
+  CHECK(tr.parameters().size() == seen.parameters().size());
+  CHECK(tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1)).size() > 0);
   CHECK(step() == counts{1, 0});
 }
 

@@ -60,7 +60,7 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
     for (const auto& d : diff) msg += "\n  " + d;
     throw io::checkpoint_mismatch(msg);
   }
-  auto master = t.parameters();
+  auto master = t.parameters_for_write();
   for (const param_desc& d : params::entries) {
     const std::string key = "model." + param_name(d);
     if (!c.tensors().contains(key)) throw io::checkpoint_error(file.string() + ": tensor " + key + " is missing");

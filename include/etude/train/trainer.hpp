@@ -9,8 +9,9 @@
 // the step runs; losses, the gradient norm and the step decision come back once, after it.
 // Precision (config/precision.hpp) decides each role's dtype; the checkpoint policy what backward
 // recomputes; workspaces live in one arena laid out by train/memory_plan.hpp.
-// State access (parameters(), tensor(), optimizer_state(), restore()) is host memory on every
-// backend: on a GPU a host mirror, downloaded on demand and uploaded before the next pass.
+// State access (parameters(), tensor() and their _for_write forms, optimizer_state(), restore())
+// is host memory on every backend: on a GPU a host mirror, downloaded on demand and uploaded
+// before the next pass.
 //
 // On CUDA, instantiate the trainer in a .cu file (`template class etude::trainer<cfg,
 // etude::backend::cuda>;` after including backend/cuda/cuda.cuh) and drive it from any .cpp that
@@ -152,18 +153,21 @@ class trainer {
   void prefetch(const batch_view& next);
 
   // ---- state access (flat, in parameter-table order; see model/params.hpp) ----------------------
-  // parameters() and tensor() are the master weights (the fp32 copy under mixed policies); a
-  // caller that writes through them gets the working copy refreshed before the next pass.
-  std::span<value_type> parameters() {
+  // parameters() and tensor() are the master weights (the fp32 copy under mixed policies), for
+  // reading. parameters_for_write() and tensor_for_write() are the same weights for writing: the
+  // working copy is refreshed from them before the next pass (and, on a GPU, they are uploaded).
+  std::span<const value_type> parameters() const { return master_.host(exec_); }
+  std::span<value_type> parameters_for_write() {
     working_stale_ = true;
     return master_.host_mutable(exec_);
   }
-  std::span<const value_type> parameters() const { return master_.host(exec_); }
   std::span<const grad_type> gradients() const { return grads_.host(exec_); }
   std::span<state_type> optimizer_state(int i) { return states_[check_slot(i)].host_mutable(exec_); }
   std::span<const state_type> optimizer_state(int i) const { return states_[check_slot(i)].host(exec_); }
-  std::span<value_type> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
   std::span<const value_type> tensor(const param_desc& p) const { return parameters().subspan(p.offset, p.numel()); }
+  std::span<value_type> tensor_for_write(const param_desc& p) {
+    return parameters_for_write().subspan(p.offset, p.numel());
+  }
   std::span<const grad_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   // The weights as the passes read them (the rounded working copy under mixed policies).
   std::span<const param_type> working_parameters();
