@@ -150,7 +150,7 @@ void plant_nan(Trainer& trainer, const std::string& spec) {
     if (!parsed || row >= p.rows || col >= p.cols)
       throw etude::invalid_argument("--plant-nan: '" + spec + "': " + name + " is " + std::to_string(p.rows) + " x " +
                                     std::to_string(p.cols) + "; give NAME:ROW:COL inside it");
-    trainer.tensor(p)[static_cast<std::size_t>(row * p.cols + col)] = std::numeric_limits<float>::quiet_NaN();
+    trainer.tensor_for_write(p)[static_cast<std::size_t>(row * p.cols + col)] = std::numeric_limits<float>::quiet_NaN();
     std::printf("planted NaN in %s at row %ld, column %ld\n", name.c_str(), row, col);
     return;
   }

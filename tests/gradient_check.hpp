@@ -26,7 +26,7 @@ void check_gradients_against_differences(Trainer& tr, const batch_view& data) {
   rng pick(5);
   for (const param_desc& p : params::entries) {
     INFO("tensor " << param_name(p));
-    auto w = tr.tensor(p);
+    auto w = tr.tensor_for_write(p);
     std::vector<index_t> elements;
     index_t largest = 0;
     for (index_t i = 1; i < p.numel(); ++i)

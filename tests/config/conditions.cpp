@@ -138,7 +138,7 @@ TEST_CASE("conditions: the null condition adds exactly nothing through cross-att
     for (const etude::param_desc& p : lm::params::entries)
       if (p.kind == etude::param_kind::cond_table || p.kind == etude::param_kind::cond_proj ||
           p.kind == etude::param_kind::cross_qkv)
-        for (auto& x : tr.tensor(p)) x = x * 3.0f + 0.5f;
+        for (auto& x : tr.tensor_for_write(p)) x = x * 3.0f + 0.5f;
     CHECK(tr.evaluate(data).ce == before);
     // and the cross-attention's out projection has a zero gradient
     tr.loss_and_gradients(data);

@@ -472,7 +472,7 @@ TEST_CASE("contract: finite gradients that overflow only the output heads' secon
   // finite in float but their squares are not, while every other gradient stays ordinary
   const etude::param_desc& bias = params::at(etude::param_kind::out_norm_bias);
   const std::vector<float> saved(t.tensor(bias).begin(), t.tensor(bias).end());
-  for (auto& x : t.tensor(bias)) x = 1e24f;
+  for (auto& x : t.tensor_for_write(bias)) x = 1e24f;
   contract::trainer_for<contract_adamw> probe{h};
   contract::restore_from(probe, std::as_const(t));
   probe.loss_and_gradients(b2);
@@ -483,7 +483,7 @@ TEST_CASE("contract: finite gradients that overflow only the output heads' secon
   INFO(message);
   CHECK_THAT(message, Catch::Contains("exp_avg_sq of linears.0.weight") && Catch::Contains("nothing was changed"));
   CHECK(contract::full_snapshot(t) == before);
-  std::copy(saved.begin(), saved.end(), t.tensor(bias).begin());
+  std::copy(saved.begin(), saved.end(), t.tensor_for_write(bias).begin());
   CHECK(std::isfinite(t.step(b2).ce));
   CHECK(t.steps_done() == 2);
 }
@@ -508,7 +508,7 @@ TEST_CASE("contract: evaluate refuses what step refuses: a fully padded batch, a
   contract::trainer_for<contract_adamw> bad{contract::contract_hyper()};
   contract::restore_from(bad, std::as_const(t));
   using params = contract::trainer_for<contract_adamw>::params;
-  bad.tensor(params::at(etude::param_kind::head, -1, 1))[3] = std::numeric_limits<float>::quiet_NaN();
+  bad.tensor_for_write(params::at(etude::param_kind::head, -1, 1))[3] = std::numeric_limits<float>::quiet_NaN();
   const auto batch = contract::random_batch(4, 12, 38);
   CHECK_THROWS_AS(bad.step(batch), etude::non_finite);
   CHECK_THAT(contract::non_finite_message([&] { bad.evaluate(batch); }),

@@ -29,7 +29,7 @@ std::vector<float> random_weights(std::uint64_t seed) {
   etude::hyper h;
   h.seed = seed;
   etude::cpu_trainer<etude::train_config<Lm>> t{h};
-  auto p = t.parameters();
+  auto p = t.parameters_for_write();
   etude::rng r(seed, 99);
   for (const auto& e : Lm::params::entries)
     if (e.is_vector())

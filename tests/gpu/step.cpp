@@ -361,7 +361,7 @@ TEST_CASE("bad batches are refused with the CPU trainer's messages", "[gpu][step
   std::vector<float> w = gpu->parameters();
   w[static_cast<std::size_t>(params_t::at(etude::param_kind::head, -1, 0).offset)] = NAN;
   gpu->set_parameters(w);
-  cpu.parameters()[static_cast<std::size_t>(params_t::at(etude::param_kind::head, -1, 0).offset)] = NAN;
+  cpu.parameters_for_write()[static_cast<std::size_t>(params_t::at(etude::param_kind::head, -1, 0).offset)] = NAN;
   std::string cpu_error, gpu_error;
   const auto b = padded_batch(94);
   try {

@@ -28,7 +28,7 @@ class device_trainer_of final : public device_trainer {
     if (master.size() != static_cast<std::size_t>(trainer_t::P))
       throw invalid_input("set_parameters: expected " + std::to_string(trainer_t::P) + " values, got " +
                           std::to_string(master.size()) + ": the weights belong to another model");
-    auto p = t_.parameters();
+    auto p = t_.parameters_for_write();
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<typename trainer_t::value_type>(master[i]);
   }
   long steps_done() const override { return t_.steps_done(); }

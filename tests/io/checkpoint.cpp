@@ -717,11 +717,11 @@ TEST_CASE("a state that is not finite is never saved", "[checkpoint]") {
   t.step(batch_for(0));
   m.save(t, {});
   const auto& p = trainer_t::params::entries[3];
-  t.tensor(p)[5] = std::numeric_limits<float>::infinity();
+  t.tensor_for_write(p)[5] = std::numeric_limits<float>::infinity();
   CHECK_THROWS_WITH(m.save(t, {}), Catch::Contains("no checkpoint written") &&
                                        Catch::Contains("parameter " + etude::param_name(p)) && Catch::Contains("index 5"));
   CHECK_THROWS_AS(m.save_async(t, {}), etude::non_finite);
-  t.tensor(p)[5] = 0.0f;
+  t.tensor_for_write(p)[5] = 0.0f;
   t.optimizer_state(1)[7] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_WITH(m.save(t, {}), Catch::Contains("optimiser state"));
   std::vector<std::string> files;

@@ -76,7 +76,7 @@ TEST_CASE("a planted non-finite weight in layer 2's FFN is located as that op an
   tr.step(batch);
   const etude::param_desc& up = params::at(etude::param_kind::ffn_up, 2);
   const index_t row = 5, col = 7;
-  tr.tensor(up)[static_cast<std::size_t>(row * up.cols + col)] = std::numeric_limits<float>::quiet_NaN();
+  tr.tensor_for_write(up)[static_cast<std::size_t>(row * up.cols + col)] = std::numeric_limits<float>::quiet_NaN();
   const state_copy before(tr);
 
   std::string message;
@@ -110,7 +110,7 @@ TEST_CASE("a planted non-finite weight in layer 2's FFN is located as that op an
   CHECK(before.same(tr));
 
   // nothing to find once the weight is finite again; the step then trains as before
-  tr.tensor(up)[static_cast<std::size_t>(row * up.cols + col)] = 0.0f;
+  tr.tensor_for_write(up)[static_cast<std::size_t>(row * up.cols + col)] = 0.0f;
   CHECK_FALSE(tr.locate_non_finite(batch).has_value());
   CHECK_NOTHROW(tr.step(batch));
 }
@@ -128,7 +128,7 @@ TEST_CASE("a planted NaN token embedding row is located as that row, with the ex
     }
   batch.tokens[static_cast<std::size_t>((2 * tiny.codebooks + 1) * batch.frames + 4)] = 9;
   const etude::param_desc& emb = params::at(etude::param_kind::embedding, -1, 1);
-  for (index_t c = 0; c < emb.cols; ++c) tr.tensor(emb)[static_cast<std::size_t>(9 * emb.cols + c)] = std::numeric_limits<float>::infinity();
+  for (index_t c = 0; c < emb.cols; ++c) tr.tensor_for_write(emb)[static_cast<std::size_t>(9 * emb.cols + c)] = std::numeric_limits<float>::infinity();
   const state_copy before(tr);
 
   const std::vector<std::string> ids = {"a", "b", "bwv253.3", "d"};
@@ -157,7 +157,7 @@ TEST_CASE("an overflow from finite weights is located at the op that made it", "
   const auto batch = make_batch(2, 8, 3);
   // a huge but finite weight: layer 1's attention output projection overflows the residual stream
   const etude::param_desc& out = params::at(etude::param_kind::out_proj, 1);
-  for (auto& w : tr.tensor(out)) w = 3e38f;
+  for (auto& w : tr.tensor_for_write(out)) w = 3e38f;
   tr.locate_failures(false);
   std::string message;
   try {
@@ -364,7 +364,7 @@ TEST_CASE("the locator under bf16 with recomputation, and no false alarm from co
     etude::trainer<bf_cfg, etude::backend::cpu> tr;
     const auto batch = make_batch(2, 8, 7);
     const etude::param_desc& down = params::at(etude::param_kind::ffn_down, 1);
-    tr.tensor(down)[3] = -std::numeric_limits<float>::infinity();
+    tr.tensor_for_write(down)[3] = -std::numeric_limits<float>::infinity();
     std::string message;
     try {
       tr.step(batch);

@@ -291,7 +291,7 @@ TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[
   h.lr = 1e-3;
   etude::cpu_trainer<etude::train_config<lm>> tr{h};
   tr.step(random_batch(2, 8, 14));
-  auto w = tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  auto w = tr.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1));
   w[5] = std::numeric_limits<float>::infinity();
   const snapshot before(tr);
   try {
@@ -364,10 +364,14 @@ TEST_CASE("the trainer hands the update's check the last update's range until th
   tr.optimizer_state(1);
   CHECK(step() == counts{0, 1});
   CHECK(step() == counts{1, 0});
-  tr.parameters();
+  tr.parameters_for_write();
   CHECK(step() == counts{0, 1});
-  tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1));
+  tr.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1));
   CHECK(step() == counts{0, 1});
+  CHECK(step() == counts{1, 0});
+  // reading through a non-const trainer is a read too
+  CHECK(tr.parameters().size() == seen.parameters().size());
+  CHECK(tr.tensor(lm::params::at(etude::param_kind::ffn_up, 1)).size() > 0);
   CHECK(step() == counts{1, 0});
 }
 

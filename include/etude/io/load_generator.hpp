@@ -62,7 +62,7 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
     for (const auto& d : diff) msg += "\n  " + d;
     throw checkpoint_mismatch(msg);
   }
-  auto master = t.parameters();
+  auto master = t.parameters_for_write();
   for (const param_desc& d : params::entries) {
     const std::string key = "model." + param_name(d);
     if (!c.tensors().contains(key)) throw checkpoint_error(file.string() + ": tensor " + key + " is missing");

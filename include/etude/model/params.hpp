@@ -1,9 +1,10 @@
 // The parameter table: the one source of truth for every trainable tensor. A constexpr array of
 // plain descriptors (no strings, no Hana) so device code can read it; it drives allocation of
-// the flat parameter/gradient/optimiser buffers, initialisation, the optimiser's decay groups,
-// checkpoint tensor names (AudioCraft's state-dict names) and the memory plan. A conditioned model
-// (config/conditions.hpp) adds its condition tables and projections (first, where AudioCraft's
-// condition provider sits) and, with cross-attention, four tensors per layer.
+// the flat parameter/gradient/optimiser buffers, initialisation, checkpoint tensor names
+// (AudioCraft's state-dict names) and the memory plan. Weight decay applies to every parameter,
+// as in AudioCraft, so the table holds no decay group. A conditioned model (config/conditions.hpp)
+// adds its condition tables and projections (first, where AudioCraft's condition provider sits)
+// and, with cross-attention, four tensors per layer.
 #pragma once
 
 #include <array>
@@ -49,10 +50,6 @@ enum class init_kind : unsigned char {
   zeros,
 };
 
-// AudioCraft applies weight decay to every parameter; the group is kept so an expert policy can
-// exempt norms without a second table.
-enum class decay_group : unsigned char { decay, no_decay };
-
 struct param_desc {
   param_kind kind;
   int layer;      // transformer layer, or -1
@@ -61,7 +58,6 @@ struct param_desc {
   index_t cols;
   index_t offset;  // in floats, into the flat parameter buffer; 16-float aligned
   init_kind init;
-  decay_group decay;
   const char* label = nullptr;  // condition tensors: the condition's name
   index_t fan_in = 0;           // uniform initialisers: the input width their bound derives from
 
@@ -86,8 +82,7 @@ struct param_table {
     index_t offset = 0;
     auto add = [&](param_kind kind, int layer, int codebook, index_t rows, index_t cols, init_kind init,
                    const char* label = nullptr, index_t fan_in = 0) {
-      t[i++] = param_desc{kind, layer, codebook, rows, cols, offset, init, decay_group::decay, label,
-                          fan_in != 0 ? fan_in : cols};
+      t[i++] = param_desc{kind, layer, codebook, rows, cols, offset, init, label, fan_in != 0 ? fan_in : cols};
       offset += detail::align16(rows * cols);
     };
     const index_t d = S.dim, f = S.ffn(), c = S.card;

@@ -11,8 +11,8 @@
 // Storage dtypes come from a precision policy (weights param_t, activations and their gradients
 // activation_t, parameter gradients grad_t, statistics and positions compute_t); which
 // activations are kept for backward and which are recomputed comes from a checkpoint policy.
-// Works on memory laid out by model/params.hpp, model/activations.hpp and the scratch layout
-// below; owns nothing.
+// Works on memory laid out by model/params.hpp, model/activations.hpp and model/scratch.hpp;
+// owns nothing.
 #pragma once
 
 #include <algorithm>
@@ -25,92 +25,11 @@
 #include "etude/model/activations.hpp"
 #include "etude/model/observer.hpp"
 #include "etude/model/params.hpp"
+#include "etude/model/scratch.hpp"
 #include "etude/ops/gemm.hpp"
 #include "etude/ops/layernorm.hpp"
 
 namespace etude {
-
-// Scratch for the heads and the backward pass, laid out for exactly `rows` positions (B·S, or
-// B·(LC+S) with fuse::prepend),
-// in the activation dtype: every user of the scratch takes its pointers from here.
-template <shape S, class A>
-struct transformer_scratch {
-  static constexpr index_t part(index_t rows, index_t width) {
-    return arena::round_up(rows * width * static_cast<index_t>(sizeof(A)));
-  }
-  static constexpr index_t bytes(index_t rows) {
-    return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card);
-  }
-  A* dx;      // (BS, D)  gradient of the residual stream
-  A* dh;      // (BS, D)  gradient entering a block; dlnf from the heads
-  A* dqkv;    // (BS, 3D)
-  A* dffn;    // (BS, F)
-  A* logits;  // (BS, C)  one codebook's logits, then their gradient
-  transformer_scratch(std::byte* base, index_t rows)
-      : dx(at(base, 0)),
-        dh(at(base, part(rows, S.dim))),
-        dqkv(at(base, 2 * part(rows, S.dim))),
-        dffn(at(base, 2 * part(rows, S.dim) + part(rows, 3 * S.dim))),
-        logits(at(base, 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()))) {}
-
- private:
-  static A* at(std::byte* base, index_t offset) { return reinterpret_cast<A*>(base + offset); }
-};
-
-// Buffers the ops need besides activations and scratch: the backend's attention scratch (in the
-// compute type; cross-attention uses it too) and, for products with 16-bit operands on the CPU,
-// the gemm workspace.
-template <class F>
-struct op_workspace {
-  F* attention = nullptr;
-  index_t attention_size = 0;
-  float* gemm = nullptr;
-};
-
-// One microbatch's conditions for a conditioned model (all null pointers otherwise): its inputs
-// as staged, and the condition tensor with what its backward needs. The byte sizes live in
-// condition_sizes below.
-template <class A, class F>
-struct condition_io {
-  const std::int32_t* index = nullptr;  // (b, attributes) value index, −1: null condition
-  const A* embedding = nullptr;         // (b, embedding_values) every embedding, list order, stored as
-                                        // an activation (a 16-bit policy's products take 16-bit inputs)
-  const F* mask = nullptr;              // (b, LC) 1: a real condition position, 0: padding or null
-  A* cond = nullptr;                    // (b·LC, D) the condition tensor            [saved]
-  A* kv = nullptr;                      // (layers, b·LC, 2D) cross keys and values  [saved]
-  A* dcond = nullptr;                   // (b·LC, D)                                 [scratch]
-  A* dkv = nullptr;                     // (b·LC, 2D)                                [scratch]
-  A* rows = nullptr;                    // (b, widest attribute table)               [scratch]
-  A* csum = nullptr;                    // (b, D) fuse::sum: the summed conditions   [scratch]
-};
-// (fuse::prepend reads cond in the forward and writes dcond in the backward; it needs no kv or csum.)
-
-// Bytes of a microbatch's condition inputs, saved tensors and scratch, for nb examples.
-template <shape S, class Conds, fuse::method M, class A, class F>
-struct condition_sizes {
-  static constexpr bool Cross = M == fuse::method::cross;
-  static constexpr index_t LC = Conds::positions;
-  static constexpr index_t widest_attribute() {
-    index_t w = 0;
-    for (const auto& c : Conds::list)
-      if (c.kind == cond::condition_kind::attribute) w = std::max<index_t>(w, c.width);
-    return w;
-  }
-  static constexpr index_t r(index_t bytes) { return arena::round_up(bytes); }
-  static constexpr index_t a = sizeof(A), f = sizeof(F);
-  static constexpr index_t index_bytes(index_t nb) { return r(nb * Conds::attributes * 4); }
-  static constexpr index_t embedding_bytes(index_t nb) { return r(nb * Conds::embedding_values * a); }
-  static constexpr index_t mask_bytes(index_t nb) { return r(nb * LC * f); }
-  static constexpr index_t inputs(index_t nb) { return index_bytes(nb) + embedding_bytes(nb) + mask_bytes(nb); }
-  static constexpr index_t cond_bytes(index_t nb) { return r(nb * LC * S.dim * a); }
-  static constexpr index_t kv_bytes(index_t nb) { return Cross ? r(nb * LC * 2 * S.dim * a) : 0; }
-  static constexpr index_t saved(index_t nb) { return LC == 0 ? 0 : cond_bytes(nb) + S.layers * kv_bytes(nb); }
-  static constexpr index_t rows_bytes(index_t nb) { return r(nb * widest_attribute() * a); }
-  static constexpr index_t csum_bytes(index_t nb) { return M == fuse::method::sum ? r(nb * S.dim * a) : 0; }
-  static constexpr index_t scratch(index_t nb) {
-    return LC == 0 ? 0 : cond_bytes(nb) + kv_bytes(nb) + rows_bytes(nb) + csum_bytes(nb);
-  }
-};
 
 // Policy: a precision policy (config/precision.hpp); Ckpt: a checkpoint policy
 // (config/checkpointing.hpp). Every pass takes an observer (model/observer.hpp), told after each op

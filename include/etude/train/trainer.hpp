@@ -9,8 +9,9 @@
 // the step runs; losses, the gradient norm and the step decision come back once, after it.
 // Precision (config/precision.hpp) decides each role's dtype; the checkpoint policy what backward
 // recomputes; workspaces live in one arena laid out by train/memory_plan.hpp.
-// State access (parameters(), tensor(), optimizer_state(), restore()) is host memory on every
-// backend: on a GPU a host mirror, downloaded on demand and uploaded before the next pass.
+// State access (parameters(), tensor() and their _for_write forms, optimizer_state(), restore())
+// is host memory on every backend: on a GPU a host mirror, downloaded on demand and uploaded
+// before the next pass.
 //
 // On CUDA, instantiate the trainer in a .cu file (`template class etude::trainer<cfg,
 // etude::backend::cuda>;` after including backend/cuda/cuda.cuh) and drive it from any .cpp that
@@ -152,18 +153,21 @@ class trainer {
   void prefetch(const batch_view& next);
 
   // ---- state access (flat, in parameter-table order; see model/params.hpp) ----------------------
-  // parameters() and tensor() are the master weights (the fp32 copy under mixed policies); a
-  // caller that writes through them gets the working copy refreshed before the next pass.
-  std::span<value_type> parameters() {
+  // parameters() and tensor() are the master weights (the fp32 copy under mixed policies), for
+  // reading. parameters_for_write() and tensor_for_write() are the same weights for writing: the
+  // working copy is refreshed from them before the next pass (and, on a GPU, they are uploaded).
+  std::span<const value_type> parameters() const { return master_.host(exec_); }
+  std::span<value_type> parameters_for_write() {
     working_stale_ = true;
     return master_.host_mutable(exec_);
   }
-  std::span<const value_type> parameters() const { return master_.host(exec_); }
   std::span<const grad_type> gradients() const { return grads_.host(exec_); }
   std::span<state_type> optimizer_state(int i) { return states_[check_slot(i)].host_mutable(exec_); }
   std::span<const state_type> optimizer_state(int i) const { return states_[check_slot(i)].host(exec_); }
-  std::span<value_type> tensor(const param_desc& p) { return parameters().subspan(p.offset, p.numel()); }
   std::span<const value_type> tensor(const param_desc& p) const { return parameters().subspan(p.offset, p.numel()); }
+  std::span<value_type> tensor_for_write(const param_desc& p) {
+    return parameters_for_write().subspan(p.offset, p.numel());
+  }
   std::span<const grad_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
   // The weights as the passes read them (the rounded working copy under mixed policies).
   std::span<const param_type> working_parameters();
@@ -522,54 +526,6 @@ step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool
 }
 
 template <class Config, class Backend>
-eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
-  [[maybe_unused]] const auto guard = exec_.enter();
-  check_batch<model>(batch, false, microbatches);
-  prepare_state();
-  const pattern_plan& plan = plan_for(batch.frames);
-  const index_t steps = plan.steps;
-  const index_t chunk = std::max<index_t>(1, batch.batch / microbatches);
-  const index_t chunks = (batch.batch + chunk - 1) / chunk;
-  reserve_shape(chunk, steps);
-  std::vector<index_t> counts(K, 0);
-  for (index_t c = 0; c < chunks; ++c) {
-    const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0);
-    for (int k = 0; k < K; ++k) counts[static_cast<std::size_t>(k)] += valid_targets(batch, plan, b0, nb, k);
-  }
-  if (dp_.comm != nullptr) dp_.comm->allreduce_host(counts.data(), counts.size(), "evaluation token counts");
-  for (int k = 0; k < K; ++k)
-    if (counts[static_cast<std::size_t>(k)] == 0) throw no_valid_target("evaluation batch", k);
-  const int slot = stage_parts(batch, chunk, false, false);
-  index_t used = 0;
-  exec_.run(slot, chunk, steps, false, [&] {
-    control_.begin();
-    results_t* r = control_.results();
-    for (index_t c = 0; c < chunks; ++c) {
-      const index_t b0 = c * chunk, nb = std::min(chunk, batch.batch - b0), rows = nb * net::positions(steps);
-      const auto sz = workspace_layout::sizes(nb, steps, threads());
-      used = std::max(used, sz.total());
-      const microbatch_workspace w = carve(nb, steps);
-      exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.inputs());
-      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
-      for (int k = 0; k < K; ++k)
-        net::head(weights(), grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
-                  &control_.scalars()->zero_weight, &r->loss[k], false, w.ops);
-    }
-    control_.end();
-  });
-  note_memory(used);
-  std::vector<double> sums(K);
-  for (int k = 0; k < K; ++k) sums[static_cast<std::size_t>(k)] = control_.host_results().loss[k];
-  if (dp_.comm != nullptr) dp_.comm->allreduce_host(sums.data(), sums.size(), "evaluation losses");
-  for (int k = 0; k < K; ++k)
-    if (!std::isfinite(sums[static_cast<std::size_t>(k)])) throw detail::non_finite_evaluation(step_, k);
-  eval_stats st;
-  detail::fill_stats<K>(st, sums, counts, batch);
-  st.frames *= dp_.size();
-  return st;
-}
-
-template <class Config, class Backend>
 void trainer<Config, Backend>::prefetch(const batch_view& next) {
   if (!exec_.prefetches()) return;
   [[maybe_unused]] const auto guard = exec_.enter();
@@ -585,68 +541,15 @@ void trainer<Config, Backend>::prefetch(const batch_view& next) {
   stage_training_batch(next, true);
 }
 
-// ---- state ---------------------------------------------------------------------------------------
-
-template <class Config, class Backend>
-std::span<const typename trainer<Config, Backend>::param_type> trainer<Config, Backend>::working_parameters() {
-  [[maybe_unused]] const auto guard = exec_.enter();
-  prepare_state();
-  if constexpr (policy::has_master) return working_.host(exec_);
-  else return master_.host(exec_);
-}
-
-template <class Config, class Backend>
-void trainer<Config, Backend>::set_loss_scale(double scale, long good_steps, long skipped) {
-  if (const std::string why = precision::loss_scale_refusal<policy>(scale, good_steps); !why.empty())
-    throw invalid_argument("trainer::set_loss_scale: " + why);
-  scaler_.scale = scale;
-  scaler_.good_steps = good_steps;
-  if (skipped >= 0) scaler_.skipped = skipped;
-}
-
-template <class Config, class Backend>
-void trainer<Config, Backend>::restore(long step, std::span<const value_type> params,
-                                       std::span<const state_type> state1, std::span<const state_type> state2) {
-  const auto n = static_cast<std::size_t>(P);
-  const auto ns = static_cast<std::size_t>(shards().size(shard_rank()));
-  const bool two = optimizer_state_count > 1;
-  if (step < 0 || params.size() != n || state1.size() != ns || (two ? state2.size() != ns : !state2.empty()))
-    throw invalid_input("trainer::restore: expected step >= 0, " + std::to_string(n) + " parameters and " +
-                        std::to_string(optimizer_state_count) + " optimiser state buffers of " + std::to_string(ns) +
-                        " values" + (dp_.zero1 ? " (this rank's shard)" : "") + "; got step " + std::to_string(step) +
-                        " and buffers of " + std::to_string(params.size()) + ", " + std::to_string(state1.size()) +
-                        ", " + std::to_string(state2.size()) + ": the checkpoint belongs to another model");
-  [[maybe_unused]] const auto guard = exec_.enter();
-  std::copy(params.begin(), params.end(), master_.host_mutable(exec_).begin());
-  std::copy(state1.begin(), state1.end(), states_[0].host_mutable(exec_).begin());
-  if constexpr (optimizer_state_count > 1) std::copy(state2.begin(), state2.end(), states_[1].host_mutable(exec_).begin());
-  Backend::fill_zero(grads_.device(), P);
-  grads_.device_changed();
-  step_ = step;
-  working_stale_ = true;
-  prepare_state();
-}
-
-// Uploads what the host changed and refreshes the working copy from the master when stale.
-template <class Config, class Backend>
-void trainer<Config, Backend>::prepare_state() {
-  master_.sync_to_device(exec_);
-  for (auto& s : states_) s.sync_to_device(exec_);
-  if constexpr (policy::has_master) {
-    if (working_stale_) {
-      Backend::copy(working_.device(), master_.device(), P);
-      working_.device_changed();
-    }
-  }
-  working_stale_ = false;
-}
-
-template <class Config, class Backend>
-const pattern_plan& trainer<Config, Backend>::plan_for(index_t frames) {
-  if (plan_.frames != frames) plan_ = make_pattern_plan<typename model::pattern>(K, frames);
-  return plan_;
-}
-
 }  // namespace etude
 
+// The out-of-class definitions, one idea a file (each includes this header, so it compiles alone).
+#include "etude/train/detail/trainer_state.hpp"
+#include "etude/train/detail/trainer_arena.hpp"
+#include "etude/train/detail/trainer_inputs.hpp"
+#include "etude/train/detail/trainer_scalars.hpp"
+#include "etude/train/detail/gradient_flow.hpp"
+#include "etude/train/detail/host_observer.hpp"
+#include "etude/train/detail/trainer_results.hpp"
+#include "etude/train/detail/trainer_evaluate.hpp"
 #include "etude/train/detail/trainer_step.hpp"

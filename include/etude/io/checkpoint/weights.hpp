@@ -165,7 +165,7 @@ weight_load_report load_weights(Trainer& t, const std::filesystem::path& file, w
   }
 
   for (const auto& [p, bytes] : accepted) {
-    std::memcpy(t.tensor(*p).data(), bytes.data(), bytes.size());
+    std::memcpy(t.tensor_for_write(*p).data(), bytes.data(), bytes.size());
     report.loaded.push_back(param_name(*p));
   }
   report.kept = std::move(missing);
