@@ -10,13 +10,13 @@
 // products 48 and 86 with 128 rows, 54 and 101 with 64. bf16 on etude's own kernels keeps 64 rows
 // at every length: 29.2–29.5 and 66.1–67.7 against 30.4–31.2 and 69.2–69.6 with 128 (3
 // interleaved rounds each), a 128-row block's scores and dP (1 MiB each at T=2048) outgrowing L2.
-// The score rows (the softmax, and the backward's P and dS) run on detail/score_rows.hpp's AVX-512
+// The score rows (the softmax, and the backward's P and dS) run on kernels/avx512_score_rows.hpp's AVX-512
 // kernels where the CPU has AVX-512F.
 // bf16 q, k, v and dO meet each other on the CPU's bf16 dot-product instructions where cpu_gemm
 // multiplies bf16 on them (bf16_dot_products()) and the CPU has AVX512_BF16: etude's own kernels
-// (detail/bf16_pairs.hpp) on operands paired once per head, scores and dP from q and dO in place,
+// (kernels/avx512_tile_product.hpp) on operands paired once per head, scores and dP from q and dO in place,
 // the probabilities and dS rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
-// There the diagonal block's products leave out its masked corner (bf16_pairs::causal): scores past
+// There the diagonal block's products leave out its masked corner (tile_product::causal): scores past
 // a row's last key by vectors of 16, and the pairs of zero probabilities or dS by tiles of 6 rows,
 // with the same bits (tiny bf16's attention 17.7 → 15.8 ms a step at T=256, 64-row blocks). P and
 // dS are rounded two vectors at a time, the backward's two rows at once straight into the paired
@@ -37,9 +37,9 @@
 #include <string>
 #include <type_traits>
 
-#include "etude/backend/cpu/detail/bf16_pairs.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
-#include "etude/backend/cpu/detail/heads.hpp"
+#include "etude/backend/cpu/detail/head_slots.hpp"
 #include "etude/backend/cpu/detail/score_rows.hpp"
 #include "etude/backend/cpu/gemm.hpp"
 #include "etude/core/error.hpp"
@@ -59,7 +59,7 @@ struct cpu_attention {
   static constexpr index_t dot_rows = 64;
 
   // Score rows hold whole vectors of 16 (the row loops never take a scalar remainder).
-  static constexpr index_t score_stride(index_t keys) { return cpu_detail::bf16_pairs::padded(keys); }
+  static constexpr index_t score_stride(index_t keys) { return cpu_detail::tile_product::padded(keys); }
 
   // Scratch (in the compute type) attention_fwd/bwd need for sequences of `steps`: one slot per
   // thread; `staged` (16-bit tensors) adds room for one head's q, k, v, dO, dQ, dK, dV in float,
@@ -74,11 +74,11 @@ struct cpu_attention {
     return static_cast<index_t>(thread_count) * attention_slot(steps, head_dim, staged);
   }
 
-  // Whether float attention runs on etude's own kernels (bf16_pairs' tiles on floats, the diagonal
+  // Whether float attention runs on etude's own kernels (tile_product' tiles on floats, the diagonal
   // blocks' masked corners left out) in this process: the CPU has their instructions and
   // set_own_float_attention(false) did not say no (for measuring and testing oneDNN's path, which
   // CPUs without them take). Double attention (the gradient checks' oracle) always takes dense.
-  static bool own_float_attention() { return cpu_detail::bf16_pairs::available() && own_float().load(); }
+  static bool own_float_attention() { return cpu_detail::tile_product::available() && own_float().load(); }
   static void set_own_float_attention(bool on) { own_float().store(on); }
 
   // The paths self-attention's products take in this process on this CPU, float tensors' then
@@ -91,14 +91,14 @@ struct cpu_attention {
 
   // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
   // take any.
-  template <int HeadDim, class A, class St>
-  static void attention_fwd(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads,
+  template <int HeadDim, class A, class Lse>
+  static void attention_fwd(A* att, Lse* lse, const A* qkv, index_t batch, index_t steps, int heads,
                             cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
     static_assert(HeadDim > 0, "cpu::attention_fwd: the head dimension must be positive");
     forward(att, lse, qkv, batch, steps, heads, HeadDim, scratch, scratch_size);
   }
-  template <int HeadDim, class DQ, class A, class St>
-  static void attention_bwd(DQ* dqkv, const A* datt, const A* att, const A* qkv, const St* lse, index_t batch,
+  template <int HeadDim, class DQ, class A, class Lse>
+  static void attention_bwd(DQ* dqkv, const A* datt, const A* att, const A* qkv, const Lse* lse, index_t batch,
                             index_t steps, int heads, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
     static_assert(HeadDim > 0, "cpu::attention_bwd: the head dimension must be positive");
     backward(dqkv, datt, att, qkv, lse, batch, steps, heads, HeadDim, scratch, scratch_size);
@@ -113,14 +113,14 @@ struct cpu_attention {
   // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
   // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
   // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
-  static bool bf16_dots() { return cpu_gemm::bf16_dot_products() && cpu_detail::bf16_pairs::available(); }
+  static bool bf16_dots() { return cpu_gemm::bf16_dot_products() && cpu_detail::tile_product::available(); }
   static bool dot_products(index_t head_dim) { return head_dim % 2 == 0 && bf16_dots(); }
 
-  template <class A, class St>
-  static void forward(A* att, St* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
+  template <class A, class Lse>
+  static void forward(A* att, Lse* lse, const A* qkv, index_t batch, index_t steps, int heads, index_t head_dim,
                       cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
-    using F = cpu_detail::compute_of<A>;
-    constexpr bool staged = !std::is_same_v<A, F>;
+    using Compute = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, Compute>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_fwd", slot, scratch_size);
     const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
@@ -128,10 +128,10 @@ struct cpu_attention {
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      F* p = scratch + omp_get_thread_num() * slot;
+      Compute* p = scratch + omp_get_thread_num() * slot;
       const A* q = qkv + b * steps * ld + h * head_dim;
       A* out = att + b * steps * d + h * head_dim;
-      St* l = lse + b * steps * heads + h;
+      Lse* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         if constexpr (std::is_same_v<A, float>) {
           if (own32) {
@@ -143,10 +143,10 @@ struct cpu_attention {
       } else if (dot16) {
         if constexpr (std::is_same_v<A, bf16>) attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
       } else {
-        F* qf = p + 2 * attention_rows(steps) * score_stride(steps);
-        F* kf = qf + steps * head_dim;
-        F* vf = kf + steps * head_dim;
-        F* of = vf + steps * head_dim;
+        Compute* qf = p + 2 * attention_rows(steps) * score_stride(steps);
+        Compute* kf = qf + steps * head_dim;
+        Compute* vf = kf + steps * head_dim;
+        Compute* of = vf + steps * head_dim;
         cpu_detail::widen_head(qf, q, ld, steps, head_dim);
         cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
         cpu_detail::widen_head(vf, q + 2 * d, ld, steps, head_dim);
@@ -159,12 +159,12 @@ struct cpu_attention {
   // dqkv (B·S, 3D) = attention'(datt), recomputing the probabilities from q, k and lse, block by
   // block of query rows; dK and dV accumulate over the blocks in order. att (the forward's output)
   // is not read: the row terms dO·O come from P and dP here.
-  template <class DQ, class A, class St>
-  static void backward(DQ* dqkv, const A* datt, const A* /*att*/, const A* qkv, const St* lse, index_t batch,
+  template <class DQ, class A, class Lse>
+  static void backward(DQ* dqkv, const A* datt, const A* /*att*/, const A* qkv, const Lse* lse, index_t batch,
                        index_t steps, int heads, index_t head_dim, cpu_detail::compute_of<A>* scratch,
                        index_t scratch_size) {
-    using F = cpu_detail::compute_of<A>;
-    constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
+    using Compute = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, Compute> || !std::is_same_v<DQ, Compute>;
     const index_t d = heads * head_dim, ld = 3 * d, slot = attention_slot(steps, head_dim, staged);
     const int slots = cpu_detail::slot_count("cpu::attention_bwd", slot, scratch_size);
     const bool dot16 = std::is_same_v<A, bf16> && dot_products(head_dim);  // the same for every head
@@ -172,11 +172,11 @@ struct cpu_attention {
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      F* p = scratch + omp_get_thread_num() * slot;
+      Compute* p = scratch + omp_get_thread_num() * slot;
       const A* q = qkv + b * steps * ld + h * head_dim;
       const A* dout = datt + b * steps * d + h * head_dim;
       DQ* dq = dqkv + b * steps * ld + h * head_dim;
-      const St* l = lse + b * steps * heads + h;
+      const Lse* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         if constexpr (std::is_same_v<A, float>) {
           if (own32) {
@@ -190,8 +190,8 @@ struct cpu_attention {
           attention_bwd_head_bf16(p, q, ld, dout, d, dq, ld, l, heads, steps, head_dim, d);
       } else {
         const index_t n = steps * head_dim;
-        F* qf = p + 2 * attention_rows(steps) * score_stride(steps);
-        F *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
+        Compute* qf = p + 2 * attention_rows(steps) * score_stride(steps);
+        Compute *kf = qf + n, *vf = kf + n, *of = vf + n, *dqf = of + n, *dkf = dqf + n, *dvf = dkf + n;
         cpu_detail::widen_head(qf, q, ld, steps, head_dim);
         cpu_detail::widen_head(kf, q + d, ld, steps, head_dim);
         cpu_detail::widen_head(vf, q + 2 * d, ld, steps, head_dim);
@@ -208,55 +208,55 @@ struct cpu_attention {
   // stride lse_ld. p: 2·attention_rows(steps)·steps of scratch. The probabilities meet V
   // unnormalised; each output row is divided by its sum after the product (head_dim values, not
   // a pass over the row's keys).
-  template <class F, class O, class St>
-  static void attention_fwd_head(F* p, const F* q, const F* k, const F* v, index_t ld, O* out, index_t ldo, St* lse,
+  template <class Compute, class O, class Lse>
+  static void attention_fwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld, O* out, index_t ldo, Lse* lse,
                                  index_t lse_ld, index_t steps, index_t head_dim) {
-    const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
+    const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
-    F inv[max_attention_rows];
+    Compute inv[max_attention_rows];
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
       // scores (rows, i1) against keys 0 .. i1-1, row stride lds
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
+      cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, Compute(0.0), p, lds);
       for (index_t i = i0; i < i1; ++i)
         lse[i * lse_ld] =
-            static_cast<St>(cpu_detail::score_rows::softmax(p + (i - i0) * lds, nullptr, i + 1, i1, inv[i - i0]));
-      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, F(1.0), p, lds, v, ld, F(0.0), out + i0 * ldo, ldo);
+            static_cast<Lse>(cpu_detail::score_rows::softmax(p + (i - i0) * lds, nullptr, i + 1, i1, inv[i - i0]));
+      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, Compute(1.0), p, lds, v, ld, Compute(0.0), out + i0 * ldo, ldo);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
-        const F s = inv[r];
+        const Compute s = inv[r];
 #pragma omp simd
         for (index_t c = 0; c < head_dim; ++c) o[c] = o[c] * s;
       }
     }
   }
 
-  template <class F, class St>
-  static void attention_bwd_head(F* p, const F* q, const F* k, const F* v, index_t ld, const F* dout, index_t ldo,
-                                 F* dq, F* dk, F* dv, index_t ldd, const St* lse, index_t lse_ld, index_t steps,
+  template <class Compute, class Lse>
+  static void attention_bwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld, const Compute* dout, index_t ldo,
+                                 Compute* dq, Compute* dk, Compute* dv, index_t ldd, const Lse* lse, index_t lse_ld, index_t steps,
                                  index_t head_dim) {
-    const F scale = F(1.0) / std::sqrt(static_cast<F>(head_dim));
+    const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
-    F* dp = p + block * score_stride(steps);
+    Compute* dp = p + block * score_stride(steps);
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, F(0.0), p, lds);
-      cpu_gemm::dense<F>(false, true, rows, i1, head_dim, F(1.0), dout + i0 * ldo, ldo, v, ld, F(0.0), dp, lds);
+      cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, Compute(0.0), p, lds);
+      cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, Compute(1.0), dout + i0 * ldo, ldo, v, ld, Compute(0.0), dp, lds);
       for (index_t i = i0; i < i1; ++i) {
-        F* dr = dp + (i - i0) * lds;
-        cpu_detail::score_rows::backward(p + (i - i0) * lds, dr, dr, i + 1, i1, static_cast<F>(lse[i * lse_ld]));
+        Compute* dr = dp + (i - i0) * lds;
+        cpu_detail::score_rows::backward(p + (i - i0) * lds, dr, dr, i + 1, i1, static_cast<Compute>(lse[i * lse_ld]));
       }
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block
       if (i0 > 0) {
-        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, F(1.0), p, lds, dout + i0 * ldo, ldo, F(1.0), dv, ldd);
-        cpu_gemm::dense<F>(true, false, i0, head_dim, rows, scale, dp, lds, q + i0 * ld, ld, F(1.0), dk, ldd);
+        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, Compute(1.0), p, lds, dout + i0 * ldo, ldo, Compute(1.0), dv, ldd);
+        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, scale, dp, lds, q + i0 * ld, ld, Compute(1.0), dk, ldd);
       }
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, F(1.0), p + i0, lds, dout + i0 * ldo, ldo, F(0.0),
+      cpu_gemm::dense<Compute>(true, false, rows, head_dim, rows, Compute(1.0), p + i0, lds, dout + i0 * ldo, ldo, Compute(0.0),
                          dv + i0 * ldd, ldd);
-      cpu_gemm::dense<F>(true, false, rows, head_dim, rows, scale, dp + i0, lds, q + i0 * ld, ld, F(0.0),
+      cpu_gemm::dense<Compute>(true, false, rows, head_dim, rows, scale, dp + i0, lds, q + i0 * ld, ld, Compute(0.0),
                          dk + i0 * ldd, ldd);
-      cpu_gemm::dense<F>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, F(0.0), dq + i0 * ldd, ldd);
+      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, Compute(0.0), dq + i0 * ldd, ldd);
     }
   }
 
@@ -266,7 +266,7 @@ struct cpu_attention {
   template <std::size_t N>
   static constexpr index_t line_room(const std::array<index_t, N>& sizes) {
     index_t total = 0;
-    for (const index_t n : sizes) total += n + cpu_detail::bf16_pairs::lanes;
+    for (const index_t n : sizes) total += n + cpu_detail::tile_product::lanes;
     return total;
   }
   template <std::size_t N>
@@ -274,7 +274,7 @@ struct cpu_attention {
     std::array<float*, N> piece{};
     for (std::size_t i = 0; i < N; ++i) {
       const auto misplaced = static_cast<index_t>(reinterpret_cast<std::uintptr_t>(at) % 64 / sizeof(float));
-      piece[i] = at + (misplaced == 0 ? 0 : cpu_detail::bf16_pairs::lanes - misplaced);
+      piece[i] = at + (misplaced == 0 ? 0 : cpu_detail::tile_product::lanes - misplaced);
       at = piece[i] + sizes[i];
     }
     return piece;
@@ -287,7 +287,7 @@ struct cpu_attention {
     float *kt, *vt, *kr, *qr, *dor;
   };
   static constexpr std::array<index_t, 5> float_pieces(index_t steps, index_t head_dim) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const index_t across = head_dim * pairs::padded(steps), along = steps * pairs::padded(head_dim);
     return {across, across, along, along, along};
   }
@@ -318,10 +318,10 @@ struct cpu_attention {
   // attention_fwd_head on etude's float kernels: q, k, v at offsets 0, d, 2d of rows with stride ld;
   // K transposed and V in padded rows once for the head; blocks of dot_rows query rows, scores and
   // the output from the kernels with the diagonal block's masked corner left out.
-  template <class St>
-  static void attention_fwd_head_f32(float* p, const float* q, index_t ld, float* out, index_t ldo, St* lse,
+  template <class Lse>
+  static void attention_fwd_head_f32(float* p, const float* q, index_t ld, float* out, index_t ldo, Lse* lse,
                                      index_t lse_ld, index_t steps, index_t head_dim, index_t d) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = dot_rows, blocks = (steps + block - 1) / block;
     const index_t ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
@@ -336,7 +336,7 @@ struct cpu_attention {
                      causal{causal::columns_to_row, i0});
       for (index_t r = 0; r < rows; ++r)
         lse[(i0 + r) * lse_ld] =
-            static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, nullptr, i0 + r + 1, i1, inv[r]));
+            static_cast<Lse>(cpu_detail::score_rows::softmax(p + r * lds, nullptr, i0 + r + 1, i1, inv[r]));
       pairs::product(rows, head_dim, i1, 1.0f, p, lds, 1, vr, ldr, 0.0f, out + i0 * ldo, ldo,
                      causal{causal::reduction_to_row, i0});
       for (index_t r = 0; r < rows; ++r) {
@@ -351,11 +351,11 @@ struct cpu_attention {
   // attention_bwd_head on etude's float kernels: K and V transposed, K, Q and dO in padded rows once
   // for the head; dS in place over dP; dK and dV accumulate over the blocks in dk = dq + d and
   // dv = dq + 2d (stride ldd), as attention_bwd_head does.
-  template <class St>
+  template <class Lse>
   static void attention_bwd_head_f32(float* p, const float* q, index_t ld, const float* dout, index_t ldo, float* dq,
-                                     index_t ldd, const St* lse, index_t lse_ld, index_t steps, index_t head_dim,
+                                     index_t ldd, const Lse* lse, index_t lse_ld, index_t steps, index_t head_dim,
                                      index_t d) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = dot_rows, blocks = (steps + block - 1) / block;
     const index_t ldt = pairs::padded(steps), ldr = pairs::padded(head_dim);
@@ -396,8 +396,8 @@ struct cpu_attention {
   // paired along the head dimension (head_dim/2 × padded steps words each), K, Q and dO (V in the
   // forward) with rows paired (steps/2 × padded head_dim words each), and dQ, dK, dV in float
   // (the forward's output block uses dQ's). Each piece starts on a 64-byte line.
-  using pair_word = cpu_detail::bf16_pairs::word;
-  using causal = cpu_detail::bf16_pairs::causal;
+  using pair_word = cpu_detail::tile_product::word;
+  using causal = cpu_detail::tile_product::causal;
   struct pair_room {
     bf16* rows;
     pair_word *p_pairs, *ds_pairs, *kt, *vt, *kr, *qr, *dor;
@@ -405,7 +405,7 @@ struct cpu_attention {
   };
   // The pieces' sizes in floats, in pair_room's order: one list for the slot's size and its carving.
   static constexpr std::array<index_t, 11> pair_pieces(index_t steps, index_t head_dim) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const index_t block = attention_rows(steps), even = steps + steps % 2;
     const index_t across = head_dim / 2 * pairs::padded(steps), along = even / 2 * pairs::padded(head_dim);
     const index_t paired = block / 2 * steps, floats = steps * head_dim;
@@ -423,14 +423,14 @@ struct cpu_attention {
   }
   static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
 
-  // attention_fwd_head on the CPU's bf16 dot products (bf16_pairs): q, k, v at offsets 0, d, 2d of
+  // attention_fwd_head on the CPU's bf16 dot products (tile_product): q, k, v at offsets 0, d, 2d of
   // rows with stride ld. K and V are paired once for the head; each block's scores come from q in
   // place, its probabilities are rounded to bf16 (rows of even length, zero past the last key) to
   // meet V. The row sums are the float probabilities'.
-  template <class O, class St>
-  static void attention_fwd_head_bf16(float* p, const bf16* q, index_t ld, O* out, index_t ldo, St* lse,
+  template <class O, class Lse>
+  static void attention_fwd_head_bf16(float* p, const bf16* q, index_t ld, O* out, index_t ldo, Lse* lse,
                                       index_t lse_ld, index_t steps, index_t head_dim, index_t d) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = dot_rows, blocks = (steps + block - 1) / block;
@@ -448,7 +448,7 @@ struct cpu_attention {
       pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, kt, ldt, 0.0f, p, lds, upto_key);
       for (index_t r = 0; r < rows; ++r)
         lse[(i0 + r) * lse_ld] =
-            static_cast<St>(cpu_detail::score_rows::softmax(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
+            static_cast<Lse>(cpu_detail::score_rows::softmax(p + r * lds, room.rows + r * lds, i0 + r + 1, w, inv[r]));
       pairs::product(rows, head_dim, w / 2, 1.0f, words(room.rows), lds / 2, 1, vr, ldr, 0.0f, of, head_dim,
                      {causal::reduction_to_row, i0});
       cpu_detail::narrow_head(out + i0 * ldo, ldo, of, rows, head_dim, inv);
@@ -459,11 +459,11 @@ struct cpu_attention {
   // dO (stride ldo) paired once for the head; dQ, dK, dV summed in float and rounded once into dq,
   // dq + d, dq + 2d (stride ldd). P and dS are formed in float and rounded to bf16: dS in rows to
   // meet K, P and dS with the block's rows paired to meet dO and Q (the transposed products).
-  template <class DQ, class St>
+  template <class DQ, class Lse>
   static void attention_bwd_head_bf16(float* p, const bf16* q, index_t ld, const bf16* dout, index_t ldo, DQ* dq,
-                                      index_t ldd, const St* lse, index_t lse_ld, index_t steps, index_t head_dim,
+                                      index_t ldd, const Lse* lse, index_t lse_ld, index_t steps, index_t head_dim,
                                       index_t d) {
-    namespace pairs = cpu_detail::bf16_pairs;
+    namespace pairs = cpu_detail::tile_product;
     const bf16 *k = q + d, *v = q + 2 * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const index_t block = dot_rows, blocks = (steps + block - 1) / block;

@@ -20,7 +20,7 @@ using compute_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Load/store conversions; identity when the types agree, RNE when narrowing to 16 bits.
 template <class To, class From>
-inline To cv(From x) {
+inline To convert(From x) {
   if constexpr (std::is_same_v<To, From>) return x;
   else if constexpr (is_reduced_precision_v<From>) return static_cast<To>(static_cast<float>(x));
   else if constexpr (is_reduced_precision_v<To>) return To(static_cast<float>(x));
@@ -28,7 +28,7 @@ inline To cv(From x) {
 }
 template <class T>
 inline bool finite(T x) {
-  return std::isfinite(static_cast<compute_of<T>>(cv<compute_of<T>>(x)));
+  return std::isfinite(static_cast<compute_of<T>>(convert<compute_of<T>>(x)));
 }
 
 inline int threads() { return omp_get_max_threads(); }

@@ -1,4 +1,4 @@
-// A whole bf16 matrix product on etude's own AVX512_BF16 kernels (bf16_pairs.hpp): the products a
+// A whole bf16 matrix product on etude's own AVX512_BF16 kernels (avx512_tile_product.hpp): the products a
 // bf16 step makes outside self-attention (projections, FFN, heads and their backward, cross-
 // attention's blocks).
 //
@@ -22,11 +22,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/detail/bf16_pairs.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
-namespace etude::backend::cpu_detail::bf16_pairs {
+namespace etude::backend::cpu_detail::tile_product {
 
 inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 floats
 inline constexpr index_t block_rows = 96;     // rows of A a thread takes at a time: 16 tiles of 6
@@ -93,7 +93,7 @@ template <class TC, class Post = no_post>
 void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const bf16* a, index_t lda,
           const bf16* b, index_t ldb, float beta, TC* c, index_t ldc, void* workspace, std::size_t workspace_bytes,
           const Post& post = {}) {
-  static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>, "bf16_pairs::gemm writes float or bf16");
+  static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>, "tile_product::gemm writes float or bf16");
   using gemm_detail::a_words;
   if (m <= 0 || n <= 0) return;
   const index_t pairs = (k + 1) / 2;
@@ -180,4 +180,4 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   }
 }
 
-}  // namespace etude::backend::cpu_detail::bf16_pairs
+}  // namespace etude::backend::cpu_detail::tile_product
