@@ -42,6 +42,7 @@
 #include "etude/backend/cpu/detail/head_slots.hpp"
 #include "etude/backend/cpu/detail/score_rows.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
@@ -53,10 +54,15 @@ struct cpu_attention {
   // blocks of `attention_rows(S)`; a block only meets the keys at or before its last row, so the
   // masked upper triangle is never computed (beyond the diagonal blocks). With 16-bit qkv each
   // (sequence, head) is widened into the thread's slot first and its results rounded once.
-  static constexpr index_t max_attention_rows = 128;
-  static constexpr index_t attention_rows(index_t steps) { return steps > 512 ? max_attention_rows : 64; }
-  // The bf16 dot path's blocks (at most attention_rows(steps), which sizes the scratch).
-  static constexpr index_t dot_rows = 64;
+  using tuning = cpu_tuning<cpu_op::attention>;  // tuning.hpp
+  static constexpr index_t max_attention_rows = tuning::max_rows;
+  static constexpr index_t attention_rows(index_t steps) {
+    return steps > tuning::long_steps ? max_attention_rows : tuning::rows;
+  }
+  // The AVX-512 kernels' blocks (at most attention_rows(steps), which sizes the scratch).
+  static constexpr index_t dot_rows = cpu_tuning<cpu_op::attention, void, 0, cpu_isa::avx512_bf16>::dot_rows;
+  static_assert(tuning::rows <= max_attention_rows && dot_rows <= tuning::rows,
+                "cpu_tuning<cpu_op::attention>: rows and dot_rows must not exceed max_rows and rows");
 
   // Score rows hold whole vectors of 16 (the row loops never take a scalar remainder).
   static constexpr index_t score_stride(index_t keys) { return cpu_detail::tile_product::padded(keys); }

@@ -20,13 +20,14 @@
 #include "etude/backend/cpu/detail/head_slots.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend {
 
 struct cpu_cross_attention {
-  static constexpr index_t cross_rows = 64;
+  static constexpr index_t cross_rows = cpu_tuning<cpu_op::cross_attention>::rows;  // tuning.hpp
 
   // One slot per thread: scores and their gradient for a block of query rows, and with 16-bit
   // tensors one head's q, dO, dQ (S rows) and k, v, dK, dV (L rows) in the compute type, or a

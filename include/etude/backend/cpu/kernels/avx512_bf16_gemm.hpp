@@ -23,17 +23,19 @@
 #include <vector>
 
 #include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend::cpu_detail::tile_product {
 
 inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 floats
-inline constexpr index_t block_rows = 96;     // rows of A a thread takes at a time: 16 tiles of 6
+using gemm_tuning = cpu_tuning<cpu_op::gemm, bf16, 0, cpu_isa::avx512_bf16>;  // tuning.hpp
+inline constexpr index_t block_rows = gemm_tuning::block_rows;  // rows of A a thread takes at a time
 // The panel-by-panel schedule streams all of op(A) once per panel: worth it while A stays in cache
 // (small's FFN down-projection weight gradient, A 2 MiB: 0.87 → 1.04× oneDNN), not for a 2048²
 // product (8 MiB), which B packed in passes serves as well (0.93× either way).
-inline constexpr index_t panelwise_a_bytes = index_t{4} << 20;
+inline constexpr index_t panelwise_a_bytes = gemm_tuning::panelwise_a_bytes;
 
 namespace gemm_detail {
 

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "etude/backend/cpu/kernels/flavour.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 

@@ -53,3 +53,6 @@ inline bool avx512_bf16() { return false; }
 #endif
 
 }  // namespace etude::backend::cpu_detail::isa
+
+// Every unit that compiles the kernels or not says so to the linker (the ODR guard).
+#include "etude/backend/cpu/kernels/flavour.hpp"  // NOLINT(misc-header-include-cycle): after the macros
