@@ -24,29 +24,10 @@ namespace etude::backend::cpu_detail::score_rows {
 
 using vmath512::padded;
 
-// One forward score row (keys valid entries of scores already scaled): the probabilities
-// e^(s − max) unnormalised, in place in row (Compute) or rounded into rb (bf16), zero from `keys` up
-// to `width`; their reciprocal sum in inv; returns the log-sum-exp. Without rb the row holds the
-// probabilities; with it, row is left as scratch.
+// softmax (below) as the portable loops, on any CPU.
 template <class Compute>
-inline Compute softmax(Compute* row, bf16* rb, index_t keys, index_t width, Compute& inv) {
+inline Compute softmax_portable(Compute* row, bf16* rb, index_t keys, index_t width, Compute& inv) {
   const index_t whole = padded(keys);
-#ifdef ETUDE_CPU_X86_KERNELS
-  if constexpr (std::is_same_v<Compute, float>) {
-    if (vmath512::available()) {
-      float lo = 0.0f;
-      const float mx = kernel::row_max(row, keys, lo);
-      float sum;
-      if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
-      else if (tile_product::available()) sum = paired::softmax(row, rb, keys, mx, lo - mx >= kernel::normal_exponent);
-      else sum = kernel::softmax<true>(row, rb, keys, mx);
-      inv = 1.0f / sum;
-      if (rb != nullptr) std::fill(rb + whole, rb + std::max(whole, width), bf16::from_bits(0));
-      else std::fill(row + whole, row + std::max(whole, width), Compute(0.0));
-      return mx + std::log(sum);
-    }
-  }
-#endif
   // whole vectors: the masked keys up to there take −inf, e^−inf = 0, so that no loop takes a
   // scalar remainder (an exponential at a time)
   for (index_t j = keys; j < whole; ++j) row[j] = -Compute(INFINITY);
@@ -70,23 +51,36 @@ inline Compute softmax(Compute* row, bf16* rb, index_t keys, index_t width, Comp
   return mx + std::log(sum);
 }
 
-// One backward score row: pr holds the scaled scores of `keys` valid entries, dp the row of dO·Vᵀ.
-// pr becomes the probabilities e^(s − lse) and ds (D: Compute in place over dp, or bf16) the scores'
-// gradient P·(dP − Σ P·dP); both are zero from `keys` up to `width` (+0: a −0 from P·(dP − dot)
-// at a masked key is overwritten).
-template <class Compute, class D>
-inline void backward(Compute* pr, Compute* dp, D* ds, index_t keys, index_t width, Compute lse) {
-  const index_t whole = padded(keys);
+// One forward score row (keys valid entries of scores already scaled): the probabilities
+// e^(s − max) unnormalised, in place in row (Compute) or rounded into rb (bf16), zero from `keys` up
+// to `width`; their reciprocal sum in inv; returns the log-sum-exp. Without rb the row holds the
+// probabilities; with it, row is left as scratch.
+template <class Compute>
+inline Compute softmax(Compute* row, bf16* rb, index_t keys, index_t width, Compute& inv) {
 #ifdef ETUDE_CPU_X86_KERNELS
   if constexpr (std::is_same_v<Compute, float>) {
     if (vmath512::available()) {
-      kernel::backward(pr, dp, ds, keys, lse);
-      std::fill(pr + whole, pr + std::max(whole, width), Compute(0.0));
-      std::fill(ds + whole, ds + std::max(whole, width), convert<D>(0.0f));
-      return;
+      const index_t whole = padded(keys);
+      float lo = 0.0f;
+      const float mx = kernel::row_max(row, keys, lo);
+      float sum;
+      if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
+      else if (tile_product::available()) sum = paired::softmax(row, rb, keys, mx, lo - mx >= kernel::normal_exponent);
+      else sum = kernel::softmax<true>(row, rb, keys, mx);
+      inv = 1.0f / sum;
+      if (rb != nullptr) std::fill(rb + whole, rb + std::max(whole, width), bf16::from_bits(0));
+      else std::fill(row + whole, row + std::max(whole, width), Compute(0.0));
+      return mx + std::log(sum);
     }
   }
 #endif
+  return softmax_portable(row, rb, keys, width, inv);
+}
+
+// backward (below) as the portable loops, on any CPU.
+template <class Compute, class D>
+inline void backward_portable(Compute* pr, Compute* dp, D* ds, index_t keys, index_t width, Compute lse) {
+  const index_t whole = padded(keys);
   for (index_t j = keys; j < whole; ++j) pr[j] = -Compute(INFINITY), dp[j] = Compute(0.0);
 #pragma omp simd
   for (index_t j = 0; j < whole; ++j) pr[j] = vexp(pr[j] - lse);
@@ -97,6 +91,26 @@ inline void backward(Compute* pr, Compute* dp, D* ds, index_t keys, index_t widt
   for (index_t j = 0; j < whole; ++j) ds[j] = convert<D>(pr[j] * (dp[j] - dot));
   std::fill(pr + whole, pr + std::max(whole, width), Compute(0.0));
   std::fill(ds + keys, ds + std::max(whole, width), convert<D>(Compute(0.0)));
+}
+
+// One backward score row: pr holds the scaled scores of `keys` valid entries, dp the row of dO·Vᵀ.
+// pr becomes the probabilities e^(s − lse) and ds (D: Compute in place over dp, or bf16) the scores'
+// gradient P·(dP − Σ P·dP); both are zero from `keys` up to `width` (+0: a −0 from P·(dP − dot)
+// at a masked key is overwritten).
+template <class Compute, class D>
+inline void backward(Compute* pr, Compute* dp, D* ds, index_t keys, index_t width, Compute lse) {
+#ifdef ETUDE_CPU_X86_KERNELS
+  if constexpr (std::is_same_v<Compute, float>) {
+    if (vmath512::available()) {
+      const index_t whole = padded(keys);
+      kernel::backward(pr, dp, ds, keys, lse);
+      std::fill(pr + whole, pr + std::max(whole, width), Compute(0.0));
+      std::fill(ds + whole, ds + std::max(whole, width), convert<D>(0.0f));
+      return;
+    }
+  }
+#endif
+  backward_portable(pr, dp, ds, keys, width, lse);
 }
 
 }  // namespace etude::backend::cpu_detail::score_rows
