@@ -4,10 +4,12 @@
 // kernel, its shape, the median time of --reps repetitions and GFLOP/s (products) or GB/s (passes
 // over memory). A kernel this CPU or build lacks prints "skipped (...)" and exits 77.
 //   cpu_kernels --list
-//   cpu_kernels --kernel gemm_bf16_avx512 [--m 2048 --n 512 --k 2048] [--reps 20] [--threads N]
+//   cpu_kernels --kernel gemm_bf16_avx512 [--m 2048 --n 512 --k 2048] [--trans-a] [--trans-b]
+//               [--reps 20] [--threads N] [--cold]
 // The products take --m, --n, --k; attention's head products a block of --rows query rows against
 // --keys keys of --head-dim; the row passes --keys per row and --rows rows (--rows · --keys
-// elements for the element passes).
+// elements for the element passes); the packers --cols columns of a (--keys × --ld) matrix. Passes
+// also print the time-stamp counter's cycles per element (a score, a value, a word).
 #include <omp.h>
 
 #include <chrono>
@@ -17,6 +19,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <x86intrin.h>
 
 #include <CLI/CLI.hpp>
 
@@ -36,13 +40,16 @@ using etude::backend::cpu_gemm;
 
 struct shape {
   index_t m = 2048, n = 512, k = 2048;  // small's projections: B·T rows, dim, 4·dim
+  bool trans_a = false, trans_b = false;
   index_t rows = 64, keys = 1024, head_dim = 64;
+  index_t cols = 85, ld = 1024;  // the packers: columns taken of a matrix of ld columns
   int reps = 20;
+  bool cold = false;  // evict the caches before each repetition
 };
 
 // What one run measured: seconds per call and the work of one call.
 struct work {
-  double flops = 0, bytes = 0;
+  double flops = 0, bytes = 0, elements = 0;  // elements: what a pass counts cycles per (scores, words)
 };
 
 struct kernel {
@@ -109,7 +116,11 @@ struct operands {
         c(static_cast<std::size_t>(s.m * s.n)), ws(static_cast<std::size_t>(cpu_gemm::gemm_workspace_floats)) {}
 };
 
-work product_work(const shape& s) { return {2.0 * double(s.m) * double(s.n) * double(s.k), 0}; }
+work product_work(const shape& s) { return {2.0 * double(s.m) * double(s.n) * double(s.k), 0, 0}; }
+
+// op(A) (m × k) and op(B) (k × n) with their leading dimensions as stored
+index_t lda(const shape& s) { return s.trans_a ? s.m : s.k; }
+index_t ldb(const shape& s) { return s.trans_b ? s.k : s.n; }
 
 std::vector<kernel> kernels() {
   std::vector<kernel> list;
@@ -118,7 +129,7 @@ std::vector<kernel> kernels() {
                   [](const shape& s, std::function<void()>& call) {
                     auto o = std::make_shared<operands<float, float>>(s);
                     call = [o, s] {
-                      cd::blas<float>(false, false, s.m, s.n, s.k, 1.0f, o->a.data(), s.k, o->b.data(), s.n, 0.0f,
+                      cd::blas<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s), 0.0f,
                                       o->c.data(), s.n);
                     };
                     return product_work(s);
@@ -127,8 +138,8 @@ std::vector<kernel> kernels() {
                   [] { return needs_dnnl(false); },
                   [](const shape& s, std::function<void()>& call) {
                     auto o = std::make_shared<operands<float, float>>(s);
-                    call = [o, s] { cpu_gemm::dense<float>(false, false, s.m, s.n, s.k, 1.0f, o->a.data(), s.k,
-                                                           o->b.data(), s.n, 0.0f, o->c.data(), s.n); };
+                    call = [o, s] { cpu_gemm::dense<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(),
+                                                           lda(s), o->b.data(), ldb(s), 0.0f, o->c.data(), s.n); };
                     return product_work(s);
                   }});
   list.push_back({"gemm_bf16_widened",
@@ -140,7 +151,7 @@ std::vector<kernel> kernels() {
                     cd::dnnl_gemm::instance().set_enabled(cd::dnnl_operands::bf16, false);
 #endif
                     auto o = std::make_shared<operands<bf16, bf16>>(s);
-                    call = [o, s] { cpu_gemm::gemm(false, false, s.m, s.n, s.k, 1.0, o->a.data(), s.k, o->b.data(), s.n,
+                    call = [o, s] { cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
                                                    0.0, o->c.data(), s.n, o->ws.data()); };
                     return product_work(s);
                   }});
@@ -150,7 +161,7 @@ std::vector<kernel> kernels() {
                   [](const shape& s, std::function<void()>& call) {
                     auto o = std::make_shared<operands<bf16, bf16>>(s);
                     call = [o, s] {
-                      cd::tile_product::gemm(false, false, s.m, s.n, s.k, 1.0f, o->a.data(), s.k, o->b.data(), s.n,
+                      cd::tile_product::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s),
                                              0.0f, o->c.data(), s.n, o->ws.data(), o->ws.size() * sizeof(float));
                     };
                     return product_work(s);
@@ -160,7 +171,7 @@ std::vector<kernel> kernels() {
                   [](const shape& s, std::function<void()>& call) {
                     cpu_gemm::set_own_bf16_products(false);
                     auto o = std::make_shared<operands<bf16, bf16>>(s);
-                    call = [o, s] { cpu_gemm::gemm(false, false, s.m, s.n, s.k, 1.0, o->a.data(), s.k, o->b.data(), s.n,
+                    call = [o, s] { cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
                                                    0.0, o->c.data(), s.n, o->ws.data()); };
                     return product_work(s);
                   }});
@@ -212,28 +223,38 @@ std::vector<kernel> kernels() {
                     return work{2.0 * double(s.rows) * double(s.keys) * double(s.head_dim), 0};
                   }});
   // the forward's softmax rows: --rows rows of --keys scores, each read and written once
-  const auto score_rows = [](bool fast) {
-    return [fast](const shape& s, std::function<void()>& call) {
+  // (rounded: the probabilities rounded into bf16 rows, as the bf16 dot path takes them)
+  const auto score_rows = [](bool fast, bool rounded) {
+    return [fast, rounded](const shape& s, std::function<void()>& call) {
       const index_t stride = cd::tile_product::padded(s.keys);
       auto src = std::make_shared<std::vector<float>>(random_values<float>(s.rows * stride, 5, 3.0f));
       auto row = std::make_shared<std::vector<float>>(src->size());
+      auto rb = std::make_shared<std::vector<bf16>>(rounded ? src->size() : 0);
       call = [=] {
         std::copy(src->begin(), src->end(), row->begin());
         for (index_t r = 0; r < s.rows; ++r) {
           float inv = 0.0f;
           float* x = row->data() + r * stride;
-          if (fast) cd::score_rows::softmax(x, nullptr, s.keys, stride, inv);
-          else cd::score_rows::softmax_portable(x, nullptr, s.keys, stride, inv);
+          bf16* xb = rounded ? rb->data() + r * stride : nullptr;
+          if (fast) cd::score_rows::softmax(x, xb, s.keys, stride, inv);
+          else cd::score_rows::softmax_portable(x, xb, s.keys, stride, inv);
         }
       };
-      return work{0, 3.0 * double(s.rows) * double(stride) * sizeof(float)};  // copy in, read, write
+      // copy in, read, write
+      return work{0, 3.0 * double(s.rows) * double(stride) * sizeof(float), double(s.rows) * double(s.keys)};
     };
   };
   list.push_back({"score_rows_portable", "attention's forward softmax rows (float) in the portable loops (vexp)",
-                  [] { return std::string(); }, score_rows(false)});
+                  [] { return std::string(); }, score_rows(false, false)});
   list.push_back({"score_rows_avx512",
                   "attention's forward softmax rows (float) on the AVX-512 kernels (kernels/avx512_score_rows.hpp)",
-                  needs_avx512, score_rows(true)});
+                  needs_avx512, score_rows(true, false)});
+  list.push_back({"score_rows_bf16_portable",
+                  "attention's forward softmax rows rounded to bf16 in the portable loops",
+                  [] { return std::string(); }, score_rows(false, true)});
+  list.push_back({"score_rows_bf16_avx512",
+                  "attention's forward softmax rows rounded to bf16 two vectors at a time (score_rows::paired)",
+                  needs_avx512_bf16, score_rows(true, true)});
   // GELU of bf16 by its table: --rows · --keys elements
   const auto gelu = [](bool fast) {
     return [fast](const shape& s, std::function<void()>& call) {
@@ -254,7 +275,7 @@ std::vector<kernel> kernels() {
           for (index_t i = 0; i < n; ++i) out[i] = table[in[i]];
         }
       };
-      return work{0, 2.0 * double(n) * sizeof(bf16)};
+      return work{0, 2.0 * double(n) * sizeof(bf16), double(n)};
     };
   };
   list.push_back({"gelu_bf16_table", "GELU of bf16 looked up in its table, an element at a time (portable)",
@@ -284,7 +305,7 @@ std::vector<kernel> kernels() {
           }
         }
       };
-      return work{0, double(n) * (sizeof(float) + sizeof(bf16))};
+      return work{0, double(n) * (sizeof(float) + sizeof(bf16)), double(n)};
     };
   };
   list.push_back({"round_bf16_portable", "float rows rounded to bf16, an element at a time (portable), one thread",
@@ -292,6 +313,41 @@ std::vector<kernel> kernels() {
   list.push_back({"round_bf16_avx512", "float rows rounded to bf16 two vectors at a time by vcvtne2ps2bf16 "
                                        "(tile_product::kernel::round_row), one thread",
                   needs_avx512_bf16, rounding(true)});
+  // pairing bf16 for the tile kernels: --cols columns of a (--keys × --ld) matrix, one thread
+  const auto packing = [](bool columns, bool fast) {
+    return [columns, fast](const shape& s, std::function<void()>& call) {
+      const index_t rows = s.keys, cols = s.cols;
+      auto src = std::make_shared<std::vector<bf16>>(random_values<bf16>(rows * s.ld, 8));
+      const index_t words = columns ? (cols + 1) / 2 * cd::tile_product::padded(rows)
+                                    : (rows + 1) / 2 * cd::tile_product::padded(cols);
+      auto dst = std::make_shared<std::vector<cd::tile_product::word>>(static_cast<std::size_t>(words));
+      call = [=] {
+        namespace tp = cd::tile_product;
+        if (columns) {
+          const index_t ldd = tp::padded(rows);
+          if (fast) tp::pack_columns(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          else tp::pack_columns_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
+        } else {
+          const index_t ldd = tp::padded(cols);
+          if (fast) tp::pack_rows(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          else tp::pack_rows_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
+        }
+      };
+      const double pairs = double((rows + 1) / 2) * double(cols);
+      return work{0, pairs * 8.0, pairs};  // two bf16 read, a word written
+    };
+  };
+  list.push_back({"pack_rows_portable", "bf16 rows paired into words, an element at a time (portable), one thread",
+                  [] { return std::string(); }, packing(false, false)});
+  list.push_back({"pack_rows_avx512", "bf16 rows paired into words by vpermt2w (tile_product::pack_rows), one thread",
+                  needs_avx512_bf16, packing(false, true)});
+  list.push_back({"pack_columns_portable",
+                  "bf16 columns paired into words (a transpose of words), an element at a time (portable), one thread",
+                  [] { return std::string(); }, packing(true, false)});
+  list.push_back({"pack_columns_avx512",
+                  "bf16 columns paired into words in 16 × 16 register transposes (tile_product::pack_columns), one "
+                  "thread",
+                  needs_avx512_bf16, packing(true, true)});
   return list;
 }
 
@@ -311,6 +367,11 @@ int main(int argc, char** argv) {
   app.add_option("--rows", s.rows, "attention: query rows of a block; passes: rows");
   app.add_option("--keys", s.keys, "attention: keys; passes: elements per row");
   app.add_option("--head-dim", s.head_dim, "attention: the head dimension (even)");
+  app.add_flag("--trans-a", s.trans_a, "products: A stored (k, m) and multiplied transposed");
+  app.add_flag("--trans-b", s.trans_b, "products: B stored (n, k) and multiplied transposed");
+  app.add_option("--cols", s.cols, "packers: columns paired");
+  app.add_option("--ld", s.ld, "packers: columns of the matrix they are taken from");
+  app.add_flag("--cold", s.cold, "evict the caches (a 64 MiB pass) before each repetition");
   app.add_option("--reps", s.reps, "timed repetitions (the median is printed)")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "OpenMP threads (default: OMP_NUM_THREADS or every core)");
   CLI11_PARSE(app, argc, argv);
@@ -334,18 +395,24 @@ int main(int argc, char** argv) {
     return 77;
   }
   // the attention kernels and the rounding run on one thread, as attention runs a head per thread
-  const bool one_thread = name.rfind("head_", 0) == 0 || name.rfind("round_", 0) == 0;
+  const bool one_thread =
+      name.rfind("head_", 0) == 0 || name.rfind("round_", 0) == 0 || name.rfind("pack_", 0) == 0;
   if (one_thread) omp_set_num_threads(1);
   std::function<void()> call;
   const work w = chosen->setup(s, call);
   call();  // warm: plans, packed panels, tables, pages
-  std::vector<double> times;
+  std::vector<double> times, ticks;
+  std::vector<char> evict(s.cold ? std::size_t{64} << 20 : 0);
   for (int r = 0; r < s.reps; ++r) {
+    if (s.cold)
+      for (std::size_t i = 0; i < evict.size(); i += 64) evict[i] = static_cast<char>(evict[i] + r);
     const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t c0 = __rdtsc();
     call();
+    ticks.push_back(static_cast<double>(__rdtsc() - c0));
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double t = etude_bench::median(times);
+  const double t = etude_bench::median(times), tsc = etude_bench::median(ticks);
   std::printf("%s: %s\n", chosen->name.c_str(), chosen->what.c_str());
   std::printf("shape: m=%lld n=%lld k=%lld rows=%lld keys=%lld head_dim=%lld, %d threads, %d reps\n",
               static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
@@ -353,5 +420,6 @@ int main(int argc, char** argv) {
               one_thread ? 1 : omp_get_max_threads(), s.reps);
   if (w.flops > 0) std::printf("median %.3f ms, %.1f GFLOP/s\n", t * 1e3, w.flops / t * 1e-9);
   else std::printf("median %.3f ms, %.2f GB/s\n", t * 1e3, w.bytes / t * 1e-9);
+  if (w.elements > 0) std::printf("%.3f cycles of the time-stamp counter per element\n", tsc / w.elements);
   return 0;
 }

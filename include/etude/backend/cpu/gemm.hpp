@@ -44,11 +44,11 @@
 namespace etude::backend {
 
 struct cpu_gemm {
-  using tuning = cpu_tuning<cpu_op::gemm>;
-  static constexpr index_t gemm_tile = tuning::tile;  // the widened path's blocks (tuning.hpp)
+  using gemm_tuning = cpu_tuning<cpu_op::gemm>;
+  static constexpr index_t gemm_tile = gemm_tuning::tile;  // the widened path's blocks (tuning.hpp)
   // Floats of workspace a product with a 16-bit operand uses (three tiles), passed by the caller;
   // without one (or inside a parallel region) buffers of the calling thread's own serve instead.
-  static constexpr index_t gemm_workspace_floats = tuning::workspace_floats;
+  static constexpr index_t gemm_workspace_floats = gemm_tuning::workspace_floats;
   template <class TA, class TB, class TC>
   static constexpr bool gemm_is_blas = std::is_same_v<TA, TB> && std::is_same_v<TA, TC> &&
                                        (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
@@ -254,7 +254,7 @@ struct cpu_gemm {
   // float tile (row stride cols).
   template <class T>
   static void widen_tile(float* dst, const T* src, index_t ld, index_t rows, index_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > tuning::widen_parallel_min)
+#pragma omp parallel for schedule(static) if (rows * cols > gemm_tuning::widen_parallel_min)
     for (index_t r = 0; r < rows; ++r) {
       const T* s = src + r * ld;
       float* d = dst + r * cols;

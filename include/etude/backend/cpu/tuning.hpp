@@ -79,8 +79,13 @@ struct cpu_tuning<cpu_op::gemm, bf16, 0, cpu_isa::avx512_bf16, true> {
 // Self-attention's blocks of query rows: `rows`, or `max_rows` for sequences longer than
 // `long_steps` (the products are most of the time, and taller blocks run them faster once a row's
 // keys outnumber the masked corner a tall diagonal block wastes); etude's AVX-512 kernels take
-// `dot_rows` at every length (a taller block's scores and dP outgrow L2). The scratch is sized for
-// the larger, so dot_rows ≤ max_rows.
+// `dot_rows` at every length (a 128-row block's scores and dP, 1 MiB each at T = 2048, outgrow L2).
+// The scratch is sized for attention_rows(steps), so dot_rows ≤ rows ≤ max_rows. Forward and
+// backward ms a step at T = 2048, head dim 64, 2 threads (a 2-core AVX512_BF16 CPU, model not recorded;
+// `build/bench/step_bench tiny_long --profile`, with --precision bf16, the block sizes changed here):
+// fp32 on oneDNN 52–57 and 133–139 with 128 rows, 54–56 and 153–155 with 64; bf16 on oneDNN's dot
+// products 48 and 86 with 128, 54 and 101 with 64; bf16 on etude's kernels 29.2–29.5 and
+// 66.1–67.7 with 64 rows, 30.4–31.2 and 69.2–69.6 with 128.
 template <>
 struct cpu_tuning<cpu_op::attention, void, 0, cpu_isa::portable, true> {
   static constexpr index_t rows = 64;

@@ -11,8 +11,10 @@
 // reduction) op(A) is paired too. A bf16 C is rounded once, from float, as bf16(float) rounds.
 //
 // Against oneDNN's bf16 matmul, which also packs B on every call, on small's and tiny's step
-// shapes with 2 threads (bench notes in the README): the same speed alone (0.95–1.16×), and
-// 2–5% faster over a step, with no library needed.
+// shapes with 2 threads (a 2-core AVX512_BF16 CPU, model not recorded): 0.95–1.16× its speed alone
+// (`build/bench/cpu_kernels --kernel gemm_bf16_avx512` against `--kernel gemm_bf16_onednn`, with
+// each shape's --m --n --k), and 2–5% faster over a step (`build/bench/step_bench tiny
+// --precision bf16`, and with ETUDE_BF16_GEMM=onednn), with no library needed.
 #pragma once
 
 #include <omp.h>
@@ -33,8 +35,9 @@ inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 fl
 using gemm_tuning = cpu_tuning<cpu_op::gemm, bf16, 0, cpu_isa::avx512_bf16>;  // tuning.hpp
 inline constexpr index_t block_rows = gemm_tuning::block_rows;  // rows of A a thread takes at a time
 // The panel-by-panel schedule streams all of op(A) once per panel: worth it while A stays in cache
-// (small's FFN down-projection weight gradient, A 2 MiB: 0.87 → 1.04× oneDNN), not for a 2048²
-// product (8 MiB), which B packed in passes serves as well (0.93× either way).
+// (small's FFN down-projection weight gradient, A 2 MiB: 1.04× oneDNN's speed, `--m 512 --n 2048
+// --k 2048 --trans-a` on the commands above), not for a 2048² product (8 MiB: `--m 2048 --n 2048
+// --k 2048 --trans-a`), which B packed in passes serves as well (0.93× either way); a 2-core AVX512_BF16 CPU, model not recorded.
 inline constexpr index_t panelwise_a_bytes = gemm_tuning::panelwise_a_bytes;
 
 namespace gemm_detail {

@@ -106,7 +106,7 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
 }
 
 // dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: blocks of 16 rows
-// × 16 words transposed in registers (1.8 → 0.5 cycles a word against a gather per 16 rows).
+// × 16 words transposed in registers (fewer cycles a word than a gather per 16 rows).
 ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
                                                     index_t pairs) {
   for (index_t q = 0; q < pairs; q += lanes) {
@@ -179,9 +179,9 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, _
 // as bf16(float) does (to nearest even, NaN quietened) but reads subnormal floats as zero, so two
 // vectors holding one go through round_to_bf16 instead. Half the rounding's instructions, in the
 // kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
-// A subnormal is found by vfpclassps (class 0x20), one instruction a vector: against two mask
-// tests a vector, attention's forward score rows took 0.67 → 0.62 cycles of the time-stamp
-// counter a score (a 1024-key row, alone).
+// A subnormal is found by vfpclassps (class 0x20), one instruction a vector (fewer than two mask
+// tests): attention's forward bf16 score rows take 0.62 cycles of the time-stamp counter a score
+// (1024-key rows, a 2-core AVX512_BF16 CPU, model not recorded: `build/bench/cpu_kernels --kernel score_rows_bf16_avx512`).
 ETUDE_CPU_AVX512_BF16_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
   constexpr int subnormal = 0x20;
   const __mmask16 sub0 = _mm512_fpclass_ps_mask(x0, subnormal), sub1 = _mm512_fpclass_ps_mask(x1, subnormal);
@@ -191,8 +191,9 @@ ETUDE_CPU_AVX512_BF16_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
 }
 
 // o[0..32) = x0, x1 rounded to bf16 (round_two). A short reduction feels the rounding: tiny bf16's
-// forward projections and heads (K = 256, bf16 out) 41.3–43.7 → 38.6–39.9 ms a step, 5% faster
-// alone (402 → 421 GFLOP/s); small's (K = 512) did not measurably change.
+// forward projections (K = 256, bf16 out) run at 421 GFLOP/s (a 2-core AVX512_BF16 CPU, model not recorded, 2 threads:
+// `build/bench/cpu_kernels --kernel gemm_bf16_avx512 --m 2048 --n 768 --k 256`), 5% faster than
+// with a rounding a vector at a time; small's (K = 512) did not measurably change.
 ETUDE_CPU_AVX512_BF16_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
   _mm512_storeu_si512(o, round_two(x0, x1));
 }
@@ -200,7 +201,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x
 // o[j] = bf16(f[j]·scale) for j < n: two vectors at a time by round_two, a masked tail by
 // round_to_bf16 (bf16(float)'s bits either way; ·1 changes no value). The rows of floats the CPU
 // rounds to bf16 outside the kernels: the heads' gradients (softmax_xent) and attention's heads
-// (narrow_head, at T = 256 3% of tiny's bf16 attention as a loop of elements).
+// (narrow_head; as a loop of elements it was 3% of tiny's bf16 attention at T = 256). Compare
+// `build/bench/cpu_kernels --kernel round_bf16_avx512` and `--kernel round_bf16_portable`.
 ETUDE_CPU_AVX512_BF16_TARGET inline void round_row(bf16* o, const float* f, index_t n, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
   index_t j = 0;
@@ -352,18 +354,8 @@ void product(index_t, index_t, index_t, float, const W*, index_t, index_t, const
 
 #endif
 
-// B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
-// dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words. By vpermt2w where
-// the CPU has it: a weight gradient's activations are paired so in blocks of 85–96 columns, whose
-// scalar remainders made the element loop 1.25 cycles of the time-stamp counter a word from cold
-// caches (0.46 warm; 85 columns of a 1024-wide matrix); the permutes take 0.80 and 0.37.
-inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
-#ifdef ETUDE_CPU_X86_KERNELS
-  if (available()) {
-    kernel::interleave_rows(dst, ldd, src, ld, rows, cols);
-    return;
-  }
-#endif
+// pack_rows (below) as the portable loop, on any CPU.
+inline void pack_rows_portable(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
   const bf16 zero = bf16::from_bits(0);
   for (index_t r = 0; r < rows; r += 2) {
     const bf16* s0 = src + r * ld;
@@ -380,22 +372,29 @@ inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index
   }
 }
 
-// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
-// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
-// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
-// A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
-// in blocks of 16 × 16 in registers where the CPU has them (the scalar loop below took 10% of a
-// 2048×512×2048 product whose B is a weight multiplied transposed).
-inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
-  const bf16 zero = bf16::from_bits(0);
-  index_t c = 0;
+// B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
+// dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words. By vpermt2w where
+// the CPU has it (kernel::interleave_rows): a weight gradient's activations are paired so in blocks
+// of 85–96 columns, whose scalar remainders slow the element loop from cold caches. The permutes
+// take 0.80 cycles of the time-stamp counter a word from cold caches and 0.37 warm (85 columns of a
+// 1024-wide matrix; the element loop 1.25 and 0.46), on a 2-core AVX512_BF16 CPU, model not
+// recorded: `build/bench/cpu_kernels --kernel pack_rows_avx512` against `--kernel pack_rows_portable`
+// (warm; --cold for cold caches).
+inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
 #ifdef ETUDE_CPU_X86_KERNELS
-  if (available() && cols >= 2) {
-    kernel::transpose_pairs(dst, ldd, src, ld, rows, cols / 2);
-    for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
+  if (available()) {
+    kernel::interleave_rows(dst, ldd, src, ld, rows, cols);
+    return;
   }
 #endif
-  for (; c < cols; c += 2) {
+  pack_rows_portable(dst, ldd, src, ld, rows, cols);
+}
+
+// pack_columns (below) as the portable loop, on any CPU, from column `first` (even) on.
+inline void pack_columns_portable(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols,
+                                  index_t first = 0) {
+  const bf16 zero = bf16::from_bits(0);
+  for (index_t c = first; c < cols; c += 2) {
     word* d = dst + (c / 2) * ldd;
     const bf16* s = src + c;
     if (c + 1 < cols) {
@@ -407,6 +406,24 @@ inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, in
     }
     std::fill(d + rows, d + padded(rows), word(0));
   }
+}
+
+// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
+// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
+// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
+// A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
+// in blocks of 16 × 16 in registers where the CPU has them (kernel::transpose_pairs; the element
+// loop was a tenth of a 2048×512×2048 product whose B is a weight multiplied transposed). Compare
+// `build/bench/cpu_kernels --kernel pack_columns_avx512` and `--kernel pack_columns_portable`.
+inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  index_t c = 0;
+#ifdef ETUDE_CPU_X86_KERNELS
+  if (available() && cols >= 2) {
+    kernel::transpose_pairs(dst, ldd, src, ld, rows, cols / 2);
+    for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
+  }
+#endif
+  pack_columns_portable(dst, ldd, src, ld, rows, cols, c);
 }
 
 }  // namespace etude::backend::cpu_detail::tile_product

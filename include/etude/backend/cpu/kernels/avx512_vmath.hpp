@@ -44,8 +44,9 @@ ETUDE_CPU_AVX512_TARGET inline __mmask16 valid(index_t j, index_t n) {
 // e^x on 16 lanes for x below 2^21, NaN or −inf: Cody-Waite reduction x = n ln2 + r as vexp's, the
 // polynomial exp_minimax6, then p·2^n in one correctly rounded step. x is raised to -120 first
 // (NaN passes: vmaxps returns its second operand when either is NaN); 2^n·p is 0 below e^-103.97
-// and +inf above 88.73. Not clamped above (one instruction fewer: attention's forward score rows
-// 0.84 → 0.81 cycles of the time-stamp counter a score): every caller's x is a value less its
+// and +inf above 88.73. Not clamped above (one instruction fewer; attention's forward float score
+// rows take 0.81 cycles of the time-stamp counter a score, a 2-core AVX512_BF16 CPU, model not recorded:
+// `build/bench/cpu_kernels --kernel score_rows_avx512`): every caller's x is a value less its
 // row's maximum or log-sum-exp, at most a rounding above 0, and the reduction holds to 2^21
 // (+inf would come out NaN). Within 1 ulp of e^x where vexp is (tests/ops/attention.cpp).
 ETUDE_CPU_AVX512_TARGET inline __m512 exp16(__m512 x) {

@@ -6,9 +6,11 @@
 //     emulates them and is slower than widening to sgemm, so cpu_gemm widens instead.
 //   f32: float operands and result, in place of OpenBLAS's sgemm where oneDNN picks a brgemm
 //     kernel for the CPU (oneDNN 2.6: AVX-512 and later; on AVX2 it picks gemm:jit, and OpenBLAS
-//     keeps the products). Measured on 2 AVX-512 cores it was faster on every product a step
-//     makes: 210 vs 198 GFLOP/s on small's projections, 189-207 vs 142-160 on tiny's FFN, and
-//     single-threaded on attention's 64-row blocks 104-115 vs 89-96.
+//     keeps the products). On 2 AVX-512 cores (a 2-core AVX512_BF16 CPU, model not recorded) it was faster on every
+//     product a step makes: 210 vs 198 GFLOP/s on small's projections, 189-207 vs 142-160 on
+//     tiny's FFN (`build/bench/cpu_kernels --kernel gemm_f32_onednn` against `--kernel
+//     gemm_f32_blas`, with each shape's --m --n --k), and single-threaded on attention's 64-row
+//     blocks 104-115 vs 89-96 (`--kernel head_scores_f32_dense`, and with ETUDE_FP32_GEMM=openblas).
 // Any strides; a transposed operand is the same memory read by swapped strides.
 #pragma once
 
