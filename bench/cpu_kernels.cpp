@@ -11,7 +11,9 @@
 // elements for the element passes); the packers --cols columns of a (--keys × --ld) matrix. Passes
 // also print the time-stamp counter's cycles per element (a score, a value, a word).
 #include <omp.h>
+#include <x86intrin.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,10 +21,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <x86intrin.h>
-
-#include <CLI/CLI.hpp>
 
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/backend/cpu/kernels/avx512_bf16_gemm.hpp"
@@ -112,8 +110,8 @@ struct operands {
   std::vector<C> c;
   std::vector<float> ws;
   explicit operands(const shape& s)
-      : a(random_values<T>(s.m * s.k, 1)), b(random_values<T>(s.k * s.n, 2)),
-        c(static_cast<std::size_t>(s.m * s.n)), ws(static_cast<std::size_t>(cpu_gemm::gemm_workspace_floats)) {}
+      : a(random_values<T>(s.m * s.k, 1)), b(random_values<T>(s.k * s.n, 2)), c(static_cast<std::size_t>(s.m * s.n)),
+        ws(static_cast<std::size_t>(cpu_gemm::gemm_workspace_floats)) {}
 };
 
 work product_work(const shape& s) { return {2.0 * double(s.m) * double(s.n) * double(s.k), 0, 0}; }
@@ -129,8 +127,8 @@ std::vector<kernel> kernels() {
                   [](const shape& s, std::function<void()>& call) {
                     auto o = std::make_shared<operands<float, float>>(s);
                     call = [o, s] {
-                      cd::blas<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s), 0.0f,
-                                      o->c.data(), s.n);
+                      cd::blas<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(),
+                                      ldb(s), 0.0f, o->c.data(), s.n);
                     };
                     return product_work(s);
                   }});
@@ -138,8 +136,10 @@ std::vector<kernel> kernels() {
                   [] { return needs_dnnl(false); },
                   [](const shape& s, std::function<void()>& call) {
                     auto o = std::make_shared<operands<float, float>>(s);
-                    call = [o, s] { cpu_gemm::dense<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(),
-                                                           lda(s), o->b.data(), ldb(s), 0.0f, o->c.data(), s.n); };
+                    call = [o, s] {
+                      cpu_gemm::dense<float>(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s),
+                                             o->b.data(), ldb(s), 0.0f, o->c.data(), s.n);
+                    };
                     return product_work(s);
                   }});
   list.push_back({"gemm_bf16_widened",
@@ -151,28 +151,31 @@ std::vector<kernel> kernels() {
                     cd::dnnl_gemm::instance().set_enabled(cd::dnnl_operands::bf16, false);
 #endif
                     auto o = std::make_shared<operands<bf16, bf16>>(s);
-                    call = [o, s] { cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
-                                                   0.0, o->c.data(), s.n, o->ws.data()); };
-                    return product_work(s);
-                  }});
-  list.push_back({"gemm_bf16_avx512",
-                  "C = A·B of bf16 into bf16 on etude's AVX512_BF16 tiles (kernels/avx512_bf16_gemm.hpp)",
-                  needs_avx512_bf16,
-                  [](const shape& s, std::function<void()>& call) {
-                    auto o = std::make_shared<operands<bf16, bf16>>(s);
                     call = [o, s] {
-                      cd::tile_product::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s),
-                                             0.0f, o->c.data(), s.n, o->ws.data(), o->ws.size() * sizeof(float));
+                      cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
+                                     0.0, o->c.data(), s.n, o->ws.data());
                     };
                     return product_work(s);
                   }});
+  list.push_back(
+      {"gemm_bf16_avx512", "C = A·B of bf16 into bf16 on etude's AVX512_BF16 tiles (kernels/avx512_bf16_gemm.hpp)",
+       needs_avx512_bf16, [](const shape& s, std::function<void()>& call) {
+         auto o = std::make_shared<operands<bf16, bf16>>(s);
+         call = [o, s] {
+           cd::tile_product::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s),
+                                  0.0f, o->c.data(), s.n, o->ws.data(), o->ws.size() * sizeof(float));
+         };
+         return product_work(s);
+       }});
   list.push_back({"gemm_bf16_onednn", "C = A·B of bf16 into bf16 on oneDNN's bf16 matmul (kernels/dnnl_gemm.hpp)",
                   [] { return needs_dnnl(true); },
                   [](const shape& s, std::function<void()>& call) {
                     cpu_gemm::set_own_bf16_products(false);
                     auto o = std::make_shared<operands<bf16, bf16>>(s);
-                    call = [o, s] { cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
-                                                   0.0, o->c.data(), s.n, o->ws.data()); };
+                    call = [o, s] {
+                      cpu_gemm::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0, o->a.data(), lda(s), o->b.data(), ldb(s),
+                                     0.0, o->c.data(), s.n, o->ws.data());
+                    };
                     return product_work(s);
                   }});
   // attention's scores of one block: (rows × head_dim)·Kᵀ, K (keys × head_dim), on one thread
@@ -192,8 +195,7 @@ std::vector<kernel> kernels() {
   list.push_back({"head_scores_f32_avx512",
                   "attention's float scores of one block on etude's AVX-512 tiles (tile_product::product, K "
                   "transposed once), one thread",
-                  needs_avx512_bf16,
-                  [](const shape& s, std::function<void()>& call) {
+                  needs_avx512_bf16, [](const shape& s, std::function<void()>& call) {
                     const index_t ldt = cd::tile_product::padded(s.keys);
                     auto q = std::make_shared<std::vector<float>>(random_values<float>(s.rows * s.head_dim, 3));
                     auto kt = std::make_shared<std::vector<float>>(random_values<float>(s.head_dim * ldt, 4));
@@ -206,8 +208,7 @@ std::vector<kernel> kernels() {
                   }});
   list.push_back({"head_scores_bf16_avx512",
                   "attention's bf16 scores of one block on etude's AVX512_BF16 tiles (K paired once), one thread",
-                  needs_avx512_bf16,
-                  [](const shape& s, std::function<void()>& call) {
+                  needs_avx512_bf16, [](const shape& s, std::function<void()>& call) {
                     const index_t ldt = cd::tile_product::padded(s.keys);
                     auto q = std::make_shared<std::vector<bf16>>(random_values<bf16>(s.rows * s.head_dim, 3));
                     auto kt = std::make_shared<std::vector<cd::tile_product::word>>(
@@ -236,8 +237,10 @@ std::vector<kernel> kernels() {
           float inv = 0.0f;
           float* x = row->data() + r * stride;
           bf16* xb = rounded ? rb->data() + r * stride : nullptr;
-          if (fast) cd::score_rows::softmax(x, xb, s.keys, stride, inv);
-          else cd::score_rows::softmax_portable(x, xb, s.keys, stride, inv);
+          if (fast)
+            cd::score_rows::softmax(x, xb, s.keys, stride, inv);
+          else
+            cd::score_rows::softmax_portable(x, xb, s.keys, stride, inv);
         }
       };
       // copy in, read, write
@@ -249,8 +252,7 @@ std::vector<kernel> kernels() {
   list.push_back({"score_rows_avx512",
                   "attention's forward softmax rows (float) on the AVX-512 kernels (kernels/avx512_score_rows.hpp)",
                   needs_avx512, score_rows(true, false)});
-  list.push_back({"score_rows_bf16_portable",
-                  "attention's forward softmax rows rounded to bf16 in the portable loops",
+  list.push_back({"score_rows_bf16_portable", "attention's forward softmax rows rounded to bf16 in the portable loops",
                   [] { return std::string(); }, score_rows(false, true)});
   list.push_back({"score_rows_bf16_avx512",
                   "attention's forward softmax rows rounded to bf16 two vectors at a time (score_rows::paired)",
@@ -280,8 +282,9 @@ std::vector<kernel> kernels() {
   };
   list.push_back({"gelu_bf16_table", "GELU of bf16 looked up in its table, an element at a time (portable)",
                   [] { return std::string(); }, gelu(false)});
-  list.push_back({"gelu_bf16_avx512", "GELU of bf16 looked up 16 at a time by AVX-512 gathers "
-                                      "(kernels/avx512_gelu_lookup.hpp)",
+  list.push_back({"gelu_bf16_avx512",
+                  "GELU of bf16 looked up 16 at a time by AVX-512 gathers "
+                  "(kernels/avx512_gelu_lookup.hpp)",
                   needs_avx512, gelu(true)});
   // rounding float rows to bf16 (the heads' gradients, attention's outputs)
   const auto rounding = [](bool fast) {
@@ -310,27 +313,32 @@ std::vector<kernel> kernels() {
   };
   list.push_back({"round_bf16_portable", "float rows rounded to bf16, an element at a time (portable), one thread",
                   [] { return std::string(); }, rounding(false)});
-  list.push_back({"round_bf16_avx512", "float rows rounded to bf16 two vectors at a time by vcvtne2ps2bf16 "
-                                       "(tile_product::kernel::round_row), one thread",
+  list.push_back({"round_bf16_avx512",
+                  "float rows rounded to bf16 two vectors at a time by vcvtne2ps2bf16 "
+                  "(tile_product::kernel::round_row), one thread",
                   needs_avx512_bf16, rounding(true)});
   // pairing bf16 for the tile kernels: --cols columns of a (--keys × --ld) matrix, one thread
   const auto packing = [](bool columns, bool fast) {
     return [columns, fast](const shape& s, std::function<void()>& call) {
       const index_t rows = s.keys, cols = s.cols;
       auto src = std::make_shared<std::vector<bf16>>(random_values<bf16>(rows * s.ld, 8));
-      const index_t words = columns ? (cols + 1) / 2 * cd::tile_product::padded(rows)
-                                    : (rows + 1) / 2 * cd::tile_product::padded(cols);
+      const index_t words =
+          columns ? (cols + 1) / 2 * cd::tile_product::padded(rows) : (rows + 1) / 2 * cd::tile_product::padded(cols);
       auto dst = std::make_shared<std::vector<cd::tile_product::word>>(static_cast<std::size_t>(words));
       call = [=] {
         namespace tp = cd::tile_product;
         if (columns) {
           const index_t ldd = tp::padded(rows);
-          if (fast) tp::pack_columns(dst->data(), ldd, src->data(), s.ld, rows, cols);
-          else tp::pack_columns_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          if (fast)
+            tp::pack_columns(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          else
+            tp::pack_columns_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
         } else {
           const index_t ldd = tp::padded(cols);
-          if (fast) tp::pack_rows(dst->data(), ldd, src->data(), s.ld, rows, cols);
-          else tp::pack_rows_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          if (fast)
+            tp::pack_rows(dst->data(), ldd, src->data(), s.ld, rows, cols);
+          else
+            tp::pack_rows_portable(dst->data(), ldd, src->data(), s.ld, rows, cols);
         }
       };
       const double pairs = double((rows + 1) / 2) * double(cols);
@@ -395,8 +403,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   // the attention kernels and the rounding run on one thread, as attention runs a head per thread
-  const bool one_thread =
-      name.rfind("head_", 0) == 0 || name.rfind("round_", 0) == 0 || name.rfind("pack_", 0) == 0;
+  const bool one_thread = name.rfind("head_", 0) == 0 || name.rfind("round_", 0) == 0 || name.rfind("pack_", 0) == 0;
   if (one_thread) omp_set_num_threads(1);
   std::function<void()> call;
   const work w = chosen->setup(s, call);
@@ -418,8 +425,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k),
               static_cast<long long>(s.rows), static_cast<long long>(s.keys), static_cast<long long>(s.head_dim),
               one_thread ? 1 : omp_get_max_threads(), s.reps);
-  if (w.flops > 0) std::printf("median %.3f ms, %.1f GFLOP/s\n", t * 1e3, w.flops / t * 1e-9);
-  else std::printf("median %.3f ms, %.2f GB/s\n", t * 1e3, w.bytes / t * 1e-9);
+  if (w.flops > 0)
+    std::printf("median %.3f ms, %.1f GFLOP/s\n", t * 1e3, w.flops / t * 1e-9);
+  else
+    std::printf("median %.3f ms, %.2f GB/s\n", t * 1e3, w.bytes / t * 1e-9);
   if (w.elements > 0) std::printf("%.3f cycles of the time-stamp counter per element\n", tsc / w.elements);
   return 0;
 }

@@ -180,8 +180,10 @@ struct cpu_adamw {
       const Compute g = cpu_detail::convert<Compute>(grad[i]) * c.grad_scale;
       const Compute m0 = cpu_detail::convert<Compute>(m[i]);
       const Compute ms = cpu_detail::convert<Compute>(cpu_detail::convert<S>(m0 + c.w1 * (g - m0)));
-      const Compute vs = cpu_detail::convert<Compute>(cpu_detail::convert<S>(cpu_detail::convert<Compute>(v[i]) * c.b2 + c.w2 * g * g));
-      const Compute bound = std::fabs(cpu_detail::convert<Compute>(p[i]) * c.decay) + std::fabs(c.step_size * ms) * inv_eps;
+      const Compute vs = cpu_detail::convert<Compute>(
+          cpu_detail::convert<S>(cpu_detail::convert<Compute>(v[i]) * c.b2 + c.w2 * g * g));
+      const Compute bound =
+          std::fabs(cpu_detail::convert<Compute>(p[i]) * c.decay) + std::fabs(c.step_size * ms) * inv_eps;
       // a negative second moment (restored corrupt state) would make the square root NaN
       zero += ms * Compute(0) + vs * Compute(0) + (bound < limit && vs >= Compute(0) ? Compute(0) : Compute(1));
     }
@@ -191,11 +193,11 @@ struct cpu_adamw {
 #pragma omp parallel for schedule(static) reduction(min : first)
     for (index_t i = 0; i < n; ++i) {
       const element<S, Compute> e = step_element(p[i], grad[i], m[i], v[i], c);
-      const int what = !cpu_detail::finite(e.m)                                           ? update_value_state0
-                       : !cpu_detail::finite(e.v)                                         ? update_value_state1
-                       : !cpu_detail::finite(cpu_detail::convert<M>(e.p))                      ? update_value_weight
+      const int what = !cpu_detail::finite(e.m)                                            ? update_value_state0
+                       : !cpu_detail::finite(e.v)                                          ? update_value_state1
+                       : !cpu_detail::finite(cpu_detail::convert<M>(e.p))                  ? update_value_weight
                        : check_working && !cpu_detail::finite(cpu_detail::convert<P>(e.p)) ? update_value_working
-                                                                                          : -1;
+                                                                                           : -1;
       if (what >= 0) first = std::min(first, update_value_key(i, what));
     }
     if (first != none) refuse_update(*d, first);

@@ -20,12 +20,12 @@
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/attention_blocks.hpp"
-#include "etude/backend/cpu/kernels/avx512_attention.hpp"
-#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/head_slots.hpp"
 #include "etude/backend/cpu/detail/score_rows.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/kernels/avx512_attention.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -119,7 +119,8 @@ struct cpu_attention : cpu_detail::attention_blocks {
         }
         attention_fwd_head(p, q, q + d, q + 2 * d, ld, out, d, l, heads, steps, head_dim);
       } else if (dot16) {
-        if constexpr (std::is_same_v<A, bf16>) avx512_heads::attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
+        if constexpr (std::is_same_v<A, bf16>)
+          avx512_heads::attention_fwd_head_bf16(p, q, ld, out, d, l, heads, steps, head_dim, d);
       } else {
         Compute* qf = p + 2 * attention_rows(steps) * score_stride(steps);
         Compute* kf = qf + steps * head_dim;
@@ -187,8 +188,8 @@ struct cpu_attention : cpu_detail::attention_blocks {
   // unnormalised; each output row is divided by its sum after the product (head_dim values, not
   // a pass over the row's keys).
   template <class Compute, class O, class Lse>
-  static void attention_fwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld, O* out, index_t ldo, Lse* lse,
-                                 index_t lse_ld, index_t steps, index_t head_dim) {
+  static void attention_fwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld, O* out,
+                                 index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t head_dim) {
     const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
     Compute inv[max_attention_rows];
@@ -199,7 +200,8 @@ struct cpu_attention : cpu_detail::attention_blocks {
       for (index_t i = i0; i < i1; ++i)
         lse[i * lse_ld] =
             static_cast<Lse>(cpu_detail::score_rows::softmax(p + (i - i0) * lds, nullptr, i + 1, i1, inv[i - i0]));
-      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, Compute(1.0), p, lds, v, ld, Compute(0.0), out + i0 * ldo, ldo);
+      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, Compute(1.0), p, lds, v, ld, Compute(0.0),
+                               out + i0 * ldo, ldo);
       for (index_t r = 0; r < rows; ++r) {
         O* o = out + (i0 + r) * ldo;
         const Compute s = inv[r];
@@ -210,16 +212,17 @@ struct cpu_attention : cpu_detail::attention_blocks {
   }
 
   template <class Compute, class Lse>
-  static void attention_bwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld, const Compute* dout, index_t ldo,
-                                 Compute* dq, Compute* dk, Compute* dv, index_t ldd, const Lse* lse, index_t lse_ld, index_t steps,
-                                 index_t head_dim) {
+  static void attention_bwd_head(Compute* p, const Compute* q, const Compute* k, const Compute* v, index_t ld,
+                                 const Compute* dout, index_t ldo, Compute* dq, Compute* dk, Compute* dv, index_t ldd,
+                                 const Lse* lse, index_t lse_ld, index_t steps, index_t head_dim) {
     const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(head_dim));
     const index_t block = attention_rows(steps), blocks = (steps + block - 1) / block;
     Compute* dp = p + block * score_stride(steps);
     for (index_t blk = 0; blk < blocks; ++blk) {
       const index_t i0 = blk * block, i1 = std::min(steps, i0 + block), rows = i1 - i0, lds = score_stride(i1);
       cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, scale, q + i0 * ld, ld, k, ld, Compute(0.0), p, lds);
-      cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, Compute(1.0), dout + i0 * ldo, ldo, v, ld, Compute(0.0), dp, lds);
+      cpu_gemm::dense<Compute>(false, true, rows, i1, head_dim, Compute(1.0), dout + i0 * ldo, ldo, v, ld, Compute(0.0),
+                               dp, lds);
       for (index_t i = i0; i < i1; ++i) {
         Compute* dr = dp + (i - i0) * lds;
         cpu_detail::score_rows::backward(p + (i - i0) * lds, dr, dr, i + 1, i1, static_cast<Compute>(lse[i * lse_ld]));
@@ -227,17 +230,19 @@ struct cpu_attention : cpu_detail::attention_blocks {
       // dV(0..i1) += Pᵀ dO, dK(0..i1) += scale·dSᵀ Q, dQ(block) = scale·dS K; rows at or past
       // i0 of dK and dV are first written by this block
       if (i0 > 0) {
-        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, Compute(1.0), p, lds, dout + i0 * ldo, ldo, Compute(1.0), dv, ldd);
-        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, scale, dp, lds, q + i0 * ld, ld, Compute(1.0), dk, ldd);
+        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, Compute(1.0), p, lds, dout + i0 * ldo, ldo,
+                                 Compute(1.0), dv, ldd);
+        cpu_gemm::dense<Compute>(true, false, i0, head_dim, rows, scale, dp, lds, q + i0 * ld, ld, Compute(1.0), dk,
+                                 ldd);
       }
-      cpu_gemm::dense<Compute>(true, false, rows, head_dim, rows, Compute(1.0), p + i0, lds, dout + i0 * ldo, ldo, Compute(0.0),
-                         dv + i0 * ldd, ldd);
+      cpu_gemm::dense<Compute>(true, false, rows, head_dim, rows, Compute(1.0), p + i0, lds, dout + i0 * ldo, ldo,
+                               Compute(0.0), dv + i0 * ldd, ldd);
       cpu_gemm::dense<Compute>(true, false, rows, head_dim, rows, scale, dp + i0, lds, q + i0 * ld, ld, Compute(0.0),
-                         dk + i0 * ldd, ldd);
-      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, Compute(0.0), dq + i0 * ldd, ldd);
+                               dk + i0 * ldd, ldd);
+      cpu_gemm::dense<Compute>(false, false, rows, head_dim, i1, scale, dp, lds, k, ld, Compute(0.0), dq + i0 * ldd,
+                               ldd);
     }
   }
-
 };
 
 }  // namespace etude::backend

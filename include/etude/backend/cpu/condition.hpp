@@ -28,7 +28,8 @@ struct cpu_condition {
       const std::int32_t i = index[b * stride];
       if (i < 0) continue;
       for (index_t j = 0; j < width; ++j)
-        dtable[i * width + j] = cpu_detail::convert<G>(cpu_detail::convert<Compute>(dtable[i * width + j]) + cpu_detail::convert<Compute>(drows[b * width + j]));
+        dtable[i * width + j] = cpu_detail::convert<G>(cpu_detail::convert<Compute>(dtable[i * width + j]) +
+                                                       cpu_detail::convert<Compute>(drows[b * width + j]));
     }
   }
   template <class Y, class W>
@@ -36,7 +37,9 @@ struct cpu_condition {
     using Compute = cpu_detail::compute_of<Y>;
 #pragma omp parallel for schedule(static) if (rows * n > cpu_detail::parallel_min)
     for (index_t r = 0; r < rows; ++r)
-      for (index_t j = 0; j < n; ++j) y[r * ldy + j] = cpu_detail::convert<Y>(cpu_detail::convert<Compute>(y[r * ldy + j]) + cpu_detail::convert<Compute>(bias[j]));
+      for (index_t j = 0; j < n; ++j)
+        y[r * ldy + j] = cpu_detail::convert<Y>(cpu_detail::convert<Compute>(y[r * ldy + j]) +
+                                                cpu_detail::convert<Compute>(bias[j]));
   }
   template <class G, class A>
   static void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
@@ -61,7 +64,9 @@ struct cpu_condition {
 #pragma omp parallel for schedule(static) if (batch * steps * n > cpu_detail::parallel_min)
     for (index_t r = 0; r < batch * steps; ++r) {
       const C* cb = c + (r / steps) * n;
-      for (index_t j = 0; j < n; ++j) x[r * n + j] = cpu_detail::convert<X>(cpu_detail::convert<Compute>(x[r * n + j]) + cpu_detail::convert<Compute>(cb[j]));
+      for (index_t j = 0; j < n; ++j)
+        x[r * n + j] =
+            cpu_detail::convert<X>(cpu_detail::convert<Compute>(x[r * n + j]) + cpu_detail::convert<Compute>(cb[j]));
     }
   }
   template <class C, class X>
@@ -86,7 +91,9 @@ struct cpu_condition {
       X* out = x + r * n;
       if (i < lc) {
         const C* c = cond + (b * lc + i) * n;
-        for (index_t j = 0; j < n; ++j) out[j] = cpu_detail::convert<X>(cpu_detail::convert<Compute>(c[j]) + cpu_detail::convert<Compute>(pos[i * n + j]));
+        for (index_t j = 0; j < n; ++j)
+          out[j] =
+              cpu_detail::convert<X>(cpu_detail::convert<Compute>(c[j]) + cpu_detail::convert<Compute>(pos[i * n + j]));
       } else {
         const T* t = tok + (b * steps + i - lc) * n;
         for (index_t j = 0; j < n; ++j) out[j] = cpu_detail::convert<X>(t[j]);

@@ -134,8 +134,9 @@ struct cpu_cross_attention {
 
   // One head of one example: q rows with stride ldq, k and v rows with stride ldk, out with ldo.
   template <class Compute, class O, class Lse, class M>
-  static void fwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk, const M* m, O* out,
-                       index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions, index_t hd) {
+  static void fwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk,
+                       const M* m, O* out, index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions,
+                       index_t hd) {
     const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(hd));
     const index_t n = positions;
     for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
@@ -160,21 +161,24 @@ struct cpu_cross_attention {
         for (index_t j = 0; j < n; ++j) row[j] *= inv;
         lse[(i0 + i) * lse_ld] = static_cast<Lse>(mx + std::log(sum));
       }
-      cpu_gemm::dense<Compute>(false, false, rows, hd, n, Compute(1.0), p, n, v, ldk, Compute(0.0), out + i0 * ldo, ldo);
+      cpu_gemm::dense<Compute>(false, false, rows, hd, n, Compute(1.0), p, n, v, ldk, Compute(0.0), out + i0 * ldo,
+                               ldo);
     }
   }
 
   template <class Compute, class Lse, class M>
-  static void bwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk, const Compute* dout, index_t ldo,
-                       Compute* dq, index_t lddq, Compute* dk, Compute* dv, index_t lddk, const M* m, const Lse* lse, index_t lse_ld,
-                       index_t steps, index_t positions, index_t hd) {
+  static void bwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk,
+                       const Compute* dout, index_t ldo, Compute* dq, index_t lddq, Compute* dk, Compute* dv,
+                       index_t lddk, const M* m, const Lse* lse, index_t lse_ld, index_t steps, index_t positions,
+                       index_t hd) {
     const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(hd));
     const index_t n = positions;
     Compute* dp = p + cross_rows * n;
     for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
       const index_t rows = std::min(cross_rows, steps - i0);
       cpu_gemm::dense<Compute>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, Compute(0.0), p, n);
-      cpu_gemm::dense<Compute>(false, true, rows, n, hd, Compute(1.0), dout + i0 * ldo, ldo, v, ldk, Compute(0.0), dp, n);
+      cpu_gemm::dense<Compute>(false, true, rows, n, hd, Compute(1.0), dout + i0 * ldo, ldo, v, ldk, Compute(0.0), dp,
+                               n);
       for (index_t i = 0; i < rows; ++i) {
         Compute* pr = p + i * n;
         Compute* dr = dp + i * n;
@@ -200,8 +204,8 @@ struct cpu_cross_attention {
   // positions); from 2·cross_rows·positions the block's bf16 probabilities, then its float output
   // (cross_rows, hd). The rows are normalised in float, then rounded to meet V.
   template <class O, class Lse, class M>
-  static void fwd_head_bf16(float* p, const bf16* q, index_t ldq, const bf16* k, const bf16* v, index_t ldk,
-                            const M* m, O* out, index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions,
+  static void fwd_head_bf16(float* p, const bf16* q, index_t ldq, const bf16* k, const bf16* v, index_t ldk, const M* m,
+                            O* out, index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions,
                             index_t hd) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const index_t n = positions;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "etude/backend/cpu/detail/common.hpp"
-#include "etude/backend/cpu/kernels/avx512_gelu_lookup.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/backend/cpu/kernels/avx512_gelu_lookup.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
@@ -38,7 +38,8 @@ struct cpu_elementwise {
   static void accumulate(T* dst, const T* src, index_t n) {
     using Compute = cpu_detail::compute_of<T>;
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::convert<T>(cpu_detail::convert<Compute>(dst[i]) + cpu_detail::convert<Compute>(src[i]));
+    for (index_t i = 0; i < n; ++i)
+      dst[i] = cpu_detail::convert<T>(cpu_detail::convert<Compute>(dst[i]) + cpu_detail::convert<Compute>(src[i]));
   }
 
   // GELU and its slope of one value in the compute type: what every path below computes.
@@ -46,8 +47,10 @@ struct cpu_elementwise {
   // factor, computed once.
   template <class Compute>
   static Compute gelu_value(Compute v) {
-    if constexpr (std::is_same_v<Compute, float>) return v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v));
-    else return Compute(0.5) * v * std::erfc(-v * Compute(0.70710678118654752440));
+    if constexpr (std::is_same_v<Compute, float>)
+      return v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v));
+    else
+      return Compute(0.5) * v * std::erfc(-v * Compute(0.70710678118654752440));
   }
   template <class Compute>
   static Compute gelu_slope(Compute v) {
@@ -56,7 +59,8 @@ struct cpu_elementwise {
       const float g = cpu_detail::gauss(v);
       return cpu_detail::normal_cdf(v, g) + v * (inv_sqrt_2pi * g);
     } else {
-      return Compute(0.5) * std::erfc(-v * Compute(0.70710678118654752440)) + v * (inv_sqrt_2pi * std::exp(-Compute(0.5) * v * v));
+      return Compute(0.5) * std::erfc(-v * Compute(0.70710678118654752440)) +
+             v * (inv_sqrt_2pi * std::exp(-Compute(0.5) * v * v));
     }
   }
 
@@ -99,11 +103,13 @@ struct cpu_elementwise {
       }
 #endif
 #pragma omp parallel for schedule(static) if (n > cpu_detail::parallel_min)
-      for (index_t i = 0; i < n; ++i) dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) * slope[in[i]]);
+      for (index_t i = 0; i < n; ++i)
+        dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) * slope[in[i]]);
     } else {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
       for (index_t i = 0; i < n; ++i)
-        dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) * gelu_slope(cpu_detail::convert<Compute>(x[i])));
+        dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) *
+                                        gelu_slope(cpu_detail::convert<Compute>(x[i])));
     }
   }
 
@@ -117,7 +123,9 @@ struct cpu_elementwise {
       std::vector<std::uint16_t> t(codes_16 + 1, 0);
 #pragma omp simd
       for (index_t i = 0; i < codes_16; ++i)
-        t[i] = cpu_detail::convert<X>(gelu_value(cpu_detail::convert<float>(X::from_bits(static_cast<std::uint16_t>(i))))).bits;
+        t[i] =
+            cpu_detail::convert<X>(gelu_value(cpu_detail::convert<float>(X::from_bits(static_cast<std::uint16_t>(i)))))
+                .bits;
       return t;
     }();
     return table.data();

@@ -51,7 +51,8 @@ struct cpu_embedding {
         }
         const P* p = pos + s * dim + j0;
 #pragma omp simd
-        for (index_t j = 0; j < w; ++j) out[j0 + j] = cpu_detail::convert<X>(acc[j] + cpu_detail::convert<Compute>(p[j]));
+        for (index_t j = 0; j < w; ++j)
+          out[j0 + j] = cpu_detail::convert<X>(acc[j] + cpu_detail::convert<Compute>(p[j]));
       }
     }
   }
@@ -97,7 +98,8 @@ struct cpu_embedding {
       for (index_t at = starts[i]; at < starts[i + 1]; ++at) {
         const X* g = dx + order[at] * dim;
 #pragma omp simd
-        for (index_t j = 0; j < dim; ++j) row[j] = cpu_detail::convert<G>(cpu_detail::convert<Compute>(row[j]) + cpu_detail::convert<Compute>(g[j]));
+        for (index_t j = 0; j < dim; ++j)
+          row[j] = cpu_detail::convert<G>(cpu_detail::convert<Compute>(row[j]) + cpu_detail::convert<Compute>(g[j]));
       }
     }
   }

@@ -28,9 +28,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/kernels/avx512_bf16_gemm.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
+#include "etude/backend/cpu/kernels/avx512_bf16_gemm.hpp"
 #include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
@@ -68,8 +68,7 @@ struct cpu_gemm {
 
   // The path products of two bf16 operands take in this program on this CPU, for run records.
   static std::string bf16_products() {
-    if (own_bf16_products())
-      return "etude's AVX512_BF16 kernels (tile_product::gemm), float accumulation";
+    if (own_bf16_products()) return "etude's AVX512_BF16 kernels (tile_product::gemm), float accumulation";
 #ifdef ETUDE_CPU_GEMM_DNNL
     return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::bf16);
 #else
@@ -126,7 +125,7 @@ struct cpu_gemm {
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (own_bf16_products()) {
           cpu_detail::tile_product::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
-                                       static_cast<float>(beta), c, ldc, ws, workspace_bytes(ws));
+                                         static_cast<float>(beta), c, ldc, ws, workspace_bytes(ws));
           return;
         }
       }
@@ -202,7 +201,7 @@ struct cpu_gemm {
         check_range(m, n, k, lda, ldb, ldc);
         const auto product = [&](const auto& post) {
           cpu_detail::tile_product::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, workspace,
-                                       workspace_bytes(workspace), post);
+                                         workspace_bytes(workspace), post);
         };
         if constexpr (Forward) product(cpu_detail::gelu_lookup::block_gelu{c, twin, cpu_elementwise::gelu_codes<bf16>()});
         else product(cpu_detail::gelu_lookup::block_gelu_slope{c, twin, cpu_elementwise::gelu_slopes<bf16>()});

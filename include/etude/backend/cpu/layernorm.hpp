@@ -31,7 +31,8 @@ struct cpu_layernorm {
       const double mu = sum / static_cast<double>(dim);
       double sq = 0.0;
 #pragma omp simd reduction(+ : sq)
-      for (index_t j = 0; j < dim; ++j) sq += (cpu_detail::convert<Compute>(xr[j]) - mu) * (cpu_detail::convert<Compute>(xr[j]) - mu);
+      for (index_t j = 0; j < dim; ++j)
+        sq += (cpu_detail::convert<Compute>(xr[j]) - mu) * (cpu_detail::convert<Compute>(xr[j]) - mu);
       const auto m = static_cast<Compute>(mu);
       const auto rs = static_cast<Compute>(1.0 / std::sqrt(sq / static_cast<double>(dim) + layernorm_eps));
       mean[r] = m;
@@ -39,8 +40,9 @@ struct cpu_layernorm {
       Y* yr = y + r * dim;
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j)
-        yr[j] = cpu_detail::convert<Y>((cpu_detail::convert<Compute>(xr[j]) - m) * rs * cpu_detail::convert<Compute>(gamma[j]) +
-                                  cpu_detail::convert<Compute>(beta[j]));
+        yr[j] = cpu_detail::convert<Y>((cpu_detail::convert<Compute>(xr[j]) - m) * rs *
+                                           cpu_detail::convert<Compute>(gamma[j]) +
+                                       cpu_detail::convert<Compute>(beta[j]));
     }
   }
 
@@ -67,8 +69,9 @@ struct cpu_layernorm {
 #pragma omp simd
       for (index_t j = 0; j < dim; ++j) {
         const Compute xhat = (cpu_detail::convert<Compute>(xr[j]) - m) * rs;
-        dr[j] = cpu_detail::convert<DX>(cpu_detail::convert<Compute>(dr[j]) +
-                                   rs * (cpu_detail::convert<Compute>(gr[j]) * cpu_detail::convert<Compute>(gamma[j]) - a - xhat * c));
+        dr[j] = cpu_detail::convert<DX>(
+            cpu_detail::convert<Compute>(dr[j]) +
+            rs * (cpu_detail::convert<Compute>(gr[j]) * cpu_detail::convert<Compute>(gamma[j]) - a - xhat * c));
       }
     }
     column_sums(dgamma, dbeta, dy, x, mean, rstd, rows, dim);
@@ -80,7 +83,8 @@ struct cpu_layernorm {
                                      const W* beta, index_t rows, index_t dim) {
     using Compute = cpu_detail::compute_of<Lse>;
 #pragma omp parallel for simd schedule(static)
-    for (index_t i = 0; i < rows * dim; ++i) x_mid[i] = cpu_detail::convert<X>(cpu_detail::convert<Compute>(x[i]) + cpu_detail::convert<Compute>(r[i]));
+    for (index_t i = 0; i < rows * dim; ++i)
+      x_mid[i] = cpu_detail::convert<X>(cpu_detail::convert<Compute>(x[i]) + cpu_detail::convert<Compute>(r[i]));
     layernorm_fwd(y, mean, rstd, x_mid, gamma, beta, rows, dim);
   }
 
@@ -90,8 +94,8 @@ struct cpu_layernorm {
   // chains of additions as one chunk at a time, without reading every row once per chunk (tiny's
   // LayerNorm backward, 2048 rows × 256 in bf16: 0.277 → 0.21 ms a call, 2 threads, cold caches).
   template <class G, class DY, class X, class Lse>
-  static void column_sums(G* dgamma, G* dbeta, const DY* dy, const X* x, const Lse* mean, const Lse* rstd,
-                          index_t rows, index_t dim) {
+  static void column_sums(G* dgamma, G* dbeta, const DY* dy, const X* x, const Lse* mean, const Lse* rstd, index_t rows,
+                          index_t dim) {
     using Compute = cpu_detail::compute_of<Lse>;
     constexpr index_t chunk = 16;
     const index_t chunks = (dim + chunk - 1) / chunk;

@@ -20,8 +20,9 @@ struct cpu_sgd {
     Compute lr, mu, wd, grad_scale;
     bool nesterov, first_step;
     coefficients(const optim::sgd_scalars& sc, double gs)
-        : lr(static_cast<Compute>(sc.lr)), mu(static_cast<Compute>(sc.momentum)), wd(static_cast<Compute>(sc.weight_decay)),
-          grad_scale(static_cast<Compute>(gs)), nesterov(sc.nesterov != 0), first_step(sc.first != 0) {}
+        : lr(static_cast<Compute>(sc.lr)), mu(static_cast<Compute>(sc.momentum)),
+          wd(static_cast<Compute>(sc.weight_decay)), grad_scale(static_cast<Compute>(gs)), nesterov(sc.nesterov != 0),
+          first_step(sc.first != 0) {}
   };
   // What element i's update stores: the buffer in its dtype, the weight in the compute type.
   template <class S, class Compute>
@@ -60,7 +61,8 @@ struct cpu_sgd {
       const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
       buf[i] = e.buf;
       p[i] = cpu_detail::convert<M>(e.p);
-      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::convert<P>(e.p);
+      if constexpr (!std::is_same_v<P, M>)
+        working[i] = cpu_detail::convert<P>(e.p);
       else if (working != nullptr) working[i] = p[i];
       if constexpr (Range) {
         const Compute ps = cpu_detail::convert<Compute>(p[i]), bs = cpu_detail::convert<Compute>(e.buf);
@@ -109,7 +111,8 @@ struct cpu_sgd {
 #pragma omp parallel for simd schedule(static) reduction(+ : zero)
     for (index_t i = 0; i < n; ++i) {
       const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
-      zero += cpu_detail::convert<Compute>(e.buf) * Compute(0) + cpu_detail::convert<Compute>(cpu_detail::convert<M>(e.p)) * Compute(0) +
+      zero += cpu_detail::convert<Compute>(e.buf) * Compute(0) +
+              cpu_detail::convert<Compute>(cpu_detail::convert<M>(e.p)) * Compute(0) +
               (check_working ? cpu_detail::convert<Compute>(cpu_detail::convert<P>(e.p)) * Compute(0) : Compute(0));
     }
     if (zero == Compute(0)) return;
@@ -118,10 +121,10 @@ struct cpu_sgd {
 #pragma omp parallel for schedule(static) reduction(min : first)
     for (index_t i = 0; i < n; ++i) {
       const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
-      const int what = !cpu_detail::finite(e.buf)                                         ? update_value_state0
-                       : !cpu_detail::finite(cpu_detail::convert<M>(e.p))                      ? update_value_weight
+      const int what = !cpu_detail::finite(e.buf)                                          ? update_value_state0
+                       : !cpu_detail::finite(cpu_detail::convert<M>(e.p))                  ? update_value_weight
                        : check_working && !cpu_detail::finite(cpu_detail::convert<P>(e.p)) ? update_value_working
-                                                                                          : -1;
+                                                                                           : -1;
       if (what >= 0) first = std::min(first, update_value_key(i, what));
     }
     if (first != none) refuse_update(*d, first);

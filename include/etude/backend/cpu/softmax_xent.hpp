@@ -10,11 +10,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
-#include "etude/backend/cpu/kernels/avx512_vmath.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
+#include "etude/backend/cpu/kernels/avx512_vmath.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend {

@@ -6,8 +6,8 @@
 #include <string>
 #include <type_traits>
 
-#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"

@@ -65,11 +65,13 @@ inline Compute softmax(Compute* row, bf16* rb, index_t keys, index_t width, Comp
       const float mx = kernel::row_max(row, keys, lo);
       float sum;
       if (rb == nullptr) sum = kernel::softmax<false>(row, rb, keys, mx);
-      else if (tile_product::available()) sum = paired::softmax(row, rb, keys, mx, lo - mx >= kernel::normal_exponent);
+      else if (tile_product::available())
+        sum = paired::softmax(row, rb, keys, mx, lo - mx >= kernel::normal_exponent);
       else sum = kernel::softmax<true>(row, rb, keys, mx);
       inv = 1.0f / sum;
       if (rb != nullptr) std::fill(rb + whole, rb + std::max(whole, width), bf16::from_bits(0));
-      else std::fill(row + whole, row + std::max(whole, width), Compute(0.0));
+      else
+        std::fill(row + whole, row + std::max(whole, width), Compute(0.0));
       return mx + std::log(sum);
     }
   }

@@ -182,7 +182,8 @@ struct avx512_attention : attention_blocks {
     const index_t block = attention_rows(steps), even = steps + steps % 2;
     const index_t across = head_dim / 2 * pairs::padded(steps), along = even / 2 * pairs::padded(head_dim);
     const index_t paired = block / 2 * steps, floats = steps * head_dim;
-    return {block * score_stride(steps) / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
+    return {
+        block * score_stride(steps) / 2, paired, paired, across, across, along, along, along, floats, floats, floats};
   }
   static constexpr index_t pair_room_floats(index_t steps, index_t head_dim) {
     return line_room(pair_pieces(steps, head_dim));
@@ -190,8 +191,16 @@ struct avx512_attention : attention_blocks {
   static pair_room carve(float* at, index_t steps, index_t head_dim) {
     const auto piece = line_pieces(at, pair_pieces(steps, head_dim));
     const auto word_at = [](float* x) { return reinterpret_cast<pair_word*>(x); };
-    return {reinterpret_cast<bf16*>(piece[0]), word_at(piece[1]), word_at(piece[2]), word_at(piece[3]),
-            word_at(piece[4]), word_at(piece[5]), word_at(piece[6]), word_at(piece[7]), piece[8], piece[9],
+    return {reinterpret_cast<bf16*>(piece[0]),
+            word_at(piece[1]),
+            word_at(piece[2]),
+            word_at(piece[3]),
+            word_at(piece[4]),
+            word_at(piece[5]),
+            word_at(piece[6]),
+            word_at(piece[7]),
+            piece[8],
+            piece[9],
             piece[10]};
   }
   static const pair_word* words(const bf16* x) { return reinterpret_cast<const pair_word*>(x); }
@@ -253,8 +262,7 @@ struct avx512_attention : attention_blocks {
       const index_t lds = score_stride(i1);
       const causal upto_key{causal::columns_to_row, i0};
       pairs::product(rows, i1, half, scale, words(q + i0 * ld), ld / 2, 1, room.kt, ldt, 0.0f, p, lds, upto_key);
-      pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, lds,
-                     upto_key);
+      pairs::product(rows, i1, half, 1.0f, words(dout + i0 * ldo), ldo / 2, 1, room.vt, ldt, 0.0f, dp, lds, upto_key);
       // the score rows two at a time: P and dS rounded to bf16, dS in rows (to meet K) and both with
       // the block's rows paired (to meet dO and Q in the transposed products); an odd last row pairs
       // with zeros
@@ -276,8 +284,8 @@ struct avx512_attention : attention_blocks {
         pairs::product(i0, head_dim, row_pairs, scale, room.ds_pairs, 1, i1, qb, ldr, 1.0f, room.dk, head_dim);
       }
       const causal from_query{causal::reduction_from_row, 0};  // key i0 + r meets queries i0 + r on
-      pairs::product(rows, head_dim, row_pairs, 1.0f, room.p_pairs + i0, 1, i1, dob, ldr, 0.0f,
-                     room.dv + i0 * head_dim, head_dim, from_query);
+      pairs::product(rows, head_dim, row_pairs, 1.0f, room.p_pairs + i0, 1, i1, dob, ldr, 0.0f, room.dv + i0 * head_dim,
+                     head_dim, from_query);
       pairs::product(rows, head_dim, row_pairs, scale, room.ds_pairs + i0, 1, i1, qb, ldr, 0.0f,
                      room.dk + i0 * head_dim, head_dim, from_query);
       pairs::product(rows, head_dim, w / 2, scale, words(room.rows), lds / 2, 1, room.kr, ldr, 0.0f,

@@ -31,13 +31,14 @@
 
 namespace etude::backend::cpu_detail::tile_product {
 
-inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 floats
+inline constexpr index_t panel_columns = 64;                                  // the kernel's 4 vectors of 16 floats
 using gemm_tuning = cpu_tuning<cpu_op::gemm, bf16, 0, cpu_isa::avx512_bf16>;  // tuning.hpp
-inline constexpr index_t block_rows = gemm_tuning::block_rows;  // rows of A a thread takes at a time
+inline constexpr index_t block_rows = gemm_tuning::block_rows;                // rows of A a thread takes at a time
 // The panel-by-panel schedule streams all of op(A) once per panel: worth it while A stays in cache
 // (small's FFN down-projection weight gradient, A 2 MiB: 1.04× oneDNN's speed, `--m 512 --n 2048
 // --k 2048 --trans-a` on the commands above), not for a 2048² product (8 MiB: `--m 2048 --n 2048
-// --k 2048 --trans-a`), which B packed in passes serves as well (0.93× either way); a 2-core AVX512_BF16 CPU, model not recorded.
+// --k 2048 --trans-a`), which B packed in passes serves as well (0.93× either way); on a 2-core
+// AVX512_BF16 CPU, model not recorded.
 inline constexpr index_t panelwise_a_bytes = gemm_tuning::panelwise_a_bytes;
 
 namespace gemm_detail {
@@ -52,15 +53,19 @@ struct a_words {
 // Panel j of op(B) (k × n) as pairs × 64 words: B stored (k, n), or (n, k) multiplied transposed.
 inline void pack_panel(word* dst, bool trans_b, const bf16* b, index_t ldb, index_t k, index_t n, index_t j) {
   const index_t cols = std::min(panel_columns, n - j);
-  if (trans_b) pack_columns(dst, panel_columns, b + j * ldb, ldb, cols, k);
-  else pack_rows(dst, panel_columns, b + j, ldb, k, cols);
+  if (trans_b)
+    pack_columns(dst, panel_columns, b + j * ldb, ldb, cols, k);
+  else
+    pack_rows(dst, panel_columns, b + j, ldb, k, cols);
 }
 
 // Rows [i0, i0 + rows) of op(A) paired into dst as (k+1)/2 rows of ld ≥ padded(rows) words.
 inline a_words pair_rows_of_a(word* dst, index_t ld, bool trans_a, const bf16* a, index_t lda, index_t k, index_t i0,
                               index_t rows) {
-  if (trans_a) pack_rows(dst, ld, a + i0, lda, k, rows);  // stored (k, m): its rows are op(A)'s columns
-  else pack_columns(dst, ld, a + i0 * lda, lda, rows, k);
+  if (trans_a)
+    pack_rows(dst, ld, a + i0, lda, k, rows);  // stored (k, m): its rows are op(A)'s columns
+  else
+    pack_columns(dst, ld, a + i0 * lda, lda, rows, k);
   return {dst, 1, ld};
 }
 

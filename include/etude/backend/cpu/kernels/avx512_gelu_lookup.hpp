@@ -26,7 +26,7 @@ using vmath512::lanes;
 // out[i] = table[in[i]] for the (up to 16) lanes of m: 16-bit codes, the table one entry longer
 // than the codes it indexes (a 32-bit gather at the last code reads it).
 ETUDE_CPU_AVX512_TARGET inline void codes16(std::uint16_t* out, const std::uint16_t* in, const std::uint16_t* table,
-                                          __mmask16 m) {
+                                            __mmask16 m) {
   const __m512i code = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, in));
   const __m512i got = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, code, table, 2);
   _mm256_mask_storeu_epi16(out, m, _mm512_maskz_cvtepi32_epi16(vmath512::all, got));
@@ -34,7 +34,7 @@ ETUDE_CPU_AVX512_TARGET inline void codes16(std::uint16_t* out, const std::uint1
 
 // out[i] = table[in[i]] for i < n: on the team for a long run, on the calling thread otherwise.
 ETUDE_CPU_AVX512_TARGET inline void codes(std::uint16_t* out, const std::uint16_t* in, const std::uint16_t* table,
-                                        index_t n) {
+                                          index_t n) {
 #pragma omp parallel for schedule(static) if (n > parallel_min)
   for (index_t i = 0; i < n; i += lanes) codes16(out + i, in + i, table, vmath512::valid(i, n));
 }
@@ -46,8 +46,10 @@ ETUDE_CPU_AVX512_TARGET inline void scale16(DY* dy, const std::uint16_t* in, con
   const __m512i code = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, in));
   const __m512 s = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, code, slope, 4);
   const __m512 x = _mm512_mul_ps(vmath512::load(dy, m), s);
-  if constexpr (std::is_same_v<DY, float>) _mm512_mask_storeu_ps(dy, m, x);
-  else _mm256_mask_storeu_epi16(dy, m, vmath512::round_to_bf16(x));
+  if constexpr (std::is_same_v<DY, float>)
+    _mm512_mask_storeu_ps(dy, m, x);
+  else
+    _mm256_mask_storeu_epi16(dy, m, vmath512::round_to_bf16(x));
 }
 
 // dy[i] = dy[i]·slope[in[i]] for i < n: on the team for a long run, on the calling thread otherwise.

@@ -77,8 +77,10 @@ ETUDE_CPU_AVX512_TARGET inline float softmax(float* row, bf16* rb, index_t keys,
   __m512 sum = _mm512_setzero_ps();
   for (index_t j = 0; j < keys; j += lanes) {
     const __m512 e = exponentials(row, j, valid(j, keys), shift);
-    if constexpr (Rounded) _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + j), vmath512::round_to_bf16(e));
-    else _mm512_storeu_ps(row + j, e);
+    if constexpr (Rounded)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + j), vmath512::round_to_bf16(e));
+    else
+      _mm512_storeu_ps(row + j, e);
     sum = _mm512_add_ps(sum, e);
   }
   return lane_sum(sum);
@@ -105,8 +107,10 @@ ETUDE_CPU_AVX512_TARGET inline void backward(float* pr, const float* dp, D* ds, 
     const __mmask16 m = valid(j, keys);
     const __m512 dpj = _mm512_maskz_loadu_ps(m, dp + j);
     const __m512 g = _mm512_maskz_mul_ps(m, _mm512_loadu_ps(pr + j), _mm512_sub_ps(dpj, total));
-    if constexpr (std::is_same_v<D, float>) _mm512_storeu_ps(ds + j, g);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + j), vmath512::round_to_bf16(g));
+    if constexpr (std::is_same_v<D, float>)
+      _mm512_storeu_ps(ds + j, g);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + j), vmath512::round_to_bf16(g));
   }
 }
 
@@ -149,7 +153,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline float softmax_rounded(const float* row, bf16
   }
   return kernel::lane_sum(sum);
 }
-ETUDE_CPU_AVX512_BF16_TARGET inline float softmax(const float* row, bf16* rb, index_t keys, float mx, bool normal = false) {
+ETUDE_CPU_AVX512_BF16_TARGET inline float softmax(const float* row, bf16* rb, index_t keys, float mx,
+                                                  bool normal = false) {
   return normal ? softmax_rounded<true>(row, rb, keys, mx) : softmax_rounded<false>(row, rb, keys, mx);
 }
 
@@ -157,8 +162,9 @@ ETUDE_CPU_AVX512_BF16_TARGET inline float softmax(const float* row, bf16* rb, in
 // its row up to padded(cols); and their bf16 P and dS paired in words for keys j < cols, row r's
 // in the low half (the layout that meets dO and Q). b.keys = 0: no row r + 1 (its halves are zero
 // and b.ds is not written; b's pointers are a's).
-ETUDE_CPU_AVX512_BF16_TARGET inline void backward_pair(backward_row a, backward_row b, word* pp, word* sp, index_t cols) {
-  alignas(64) static constexpr std::uint16_t interleave[32] = {0, 16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+ETUDE_CPU_AVX512_BF16_TARGET inline void backward_pair(backward_row a, backward_row b, word* pp, word* sp,
+                                                       index_t cols) {
+  alignas(64) static constexpr std::uint16_t interleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                                21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                                11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i order = _mm512_load_si512(interleave);

@@ -30,7 +30,6 @@
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
-
 namespace etude::backend::cpu_detail::tile_product {
 
 using word = std::uint32_t;
@@ -107,8 +106,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
 
 // dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: blocks of 16 rows
 // × 16 words transposed in registers (fewer cycles a word than a gather per 16 rows).
-ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
-                                                    index_t pairs) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld,
+                                                         index_t rows, index_t pairs) {
   for (index_t q = 0; q < pairs; q += lanes) {
     const __mmask16 w = vmath512::valid(q, pairs);
     for (index_t r = 0; r < rows; r += lanes) {
@@ -129,8 +128,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_pairs(word* dst, index_t ldd,
 
 // dst word (r/2, c) = rows r and r+1 of column c (a zero for a missing last row), for c up to
 // padded(cols) (zeros past cols): two rows of 32 bf16 interleaved by two vpermt2w into 32 words.
-ETUDE_CPU_AVX512_BF16_TARGET inline void interleave_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
-                                                    index_t cols) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void interleave_rows(word* dst, index_t ldd, const bf16* src, index_t ld,
+                                                         index_t rows, index_t cols) {
   alignas(64) static constexpr std::uint16_t low[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static constexpr std::uint16_t high[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
@@ -181,7 +180,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, _
 // kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
 // A subnormal is found by vfpclassps (class 0x20), one instruction a vector (fewer than two mask
 // tests): attention's forward bf16 score rows take 0.62 cycles of the time-stamp counter a score
-// (1024-key rows, a 2-core AVX512_BF16 CPU, model not recorded: `build/bench/cpu_kernels --kernel score_rows_bf16_avx512`).
+// (1024-key rows, a 2-core AVX512_BF16 CPU, model not recorded: `build/bench/cpu_kernels --kernel
+// score_rows_bf16_avx512`).
 ETUDE_CPU_AVX512_BF16_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
   constexpr int subnormal = 0x20;
   const __mmask16 sub0 = _mm512_fpclass_ps_mask(x0, subnormal), sub1 = _mm512_fpclass_ps_mask(x1, subnormal);
@@ -218,8 +218,8 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void round_row(bf16* o, const float* f, inde
 // pairs (vdpbf16ps) or a float (vfmadd231ps): `words` steps of the reduction either way.
 template <int Rows, int V, class W, class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void tile(index_t words, const W* a, index_t a_row, index_t a_pair, const W* b,
-                                         index_t ldb, float alpha, float beta, TC* c, index_t ldc,
-                                         __mmask16 last) {
+                                              index_t ldb, float alpha, float beta, TC* c, index_t ldc,
+                                              __mmask16 last) {
   __m512 acc[Rows][V];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
@@ -269,9 +269,9 @@ inline constexpr int tile_vectors = 4;
 
 // Rows [i, i + Rows) over the words of the reduction `shape` leaves them.
 template <int Rows, int V, class W, class TC>
-ETUDE_CPU_AVX512_BF16_TARGET inline void shaped_tile(index_t i, index_t words, const W* a, index_t a_row, index_t a_pair,
-                                                const W* b, index_t ldb, float alpha, float beta, TC* c, index_t ldc,
-                                                __mmask16 last, causal shape) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void shaped_tile(index_t i, index_t words, const W* a, index_t a_row,
+                                                     index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
+                                                     TC* c, index_t ldc, __mmask16 last, causal shape) {
   constexpr index_t per = std::is_same_v<W, float> ? 1 : 2;
   const index_t p0 = shape.first_word(i, per), p1 = std::max(p0, shape.end_word(i, Rows, words, per));
   tile<Rows, V>(p1 - p0, a + i * a_row + p0 * a_pair, a_row, a_pair, b + p0 * ldb, ldb, alpha, beta, c + i * ldc, ldc,
@@ -280,31 +280,50 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void shaped_tile(index_t i, index_t words, c
 
 template <int V, class W, class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void column_panel(index_t m, index_t words, const W* a, index_t a_row,
-                                                 index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
-                                                 TC* c, index_t ldc, __mmask16 last, causal shape) {
+                                                      index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
+                                                      TC* c, index_t ldc, __mmask16 last, causal shape) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
     shaped_tile<tile_rows, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
   switch (m - i) {
-    case 5: shaped_tile<5, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 4: shaped_tile<4, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: shaped_tile<3, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: shaped_tile<2, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 1: shaped_tile<1, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    default: break;
+    case 5:
+      shaped_tile<5, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 4:
+      shaped_tile<4, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 3:
+      shaped_tile<3, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 2:
+      shaped_tile<2, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 1:
+      shaped_tile<1, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    default:
+      break;
   }
 }
 
 // Rows [0, m) of one panel of `vectors` vectors of 16 columns.
 template <class W, class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void panel(int vectors, index_t m, index_t words, const W* a, index_t a_row,
-                                          index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
-                                          index_t ldc, __mmask16 last, causal shape) {
+                                               index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
+                                               index_t ldc, __mmask16 last, causal shape) {
   switch (vectors) {
-    case 4: column_panel<4>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: column_panel<3>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: column_panel<2>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    default: column_panel<1>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 4:
+      column_panel<4>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 3:
+      column_panel<3>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 2:
+      column_panel<2>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    default:
+      column_panel<1>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
   }
 }
 
@@ -316,9 +335,10 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void panel(int vectors, index_t m, index_t w
 // reduction's order). `shape` says what a causal operand leaves out (above). Requires available().
 template <class W, class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void product(index_t m, index_t n, index_t words, float alpha, const W* a,
-                                            index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
-                                            TC* c, index_t ldc, causal shape = {}) {
-  static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>, "tile_product::product multiplies pairs or floats");
+                                                 index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
+                                                 TC* c, index_t ldc, causal shape = {}) {
+  static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>,
+                "tile_product::product multiplies pairs or floats");
   constexpr index_t width = kernel::tile_vectors * lanes;
   for (index_t j = 0; j < n; j += width) {
     const index_t cols = std::min(width, n - j);

@@ -17,7 +17,6 @@
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
-
 namespace etude::backend::cpu_detail::vmath512 {
 
 inline constexpr index_t lanes = 16;  // floats in a zmm register
@@ -92,10 +91,10 @@ ETUDE_CPU_AVX512_TARGET inline __m512 load(const bf16* x, __mmask16 m) {
 ETUDE_CPU_AVX512_TARGET inline __m256i round_to_bf16(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i kept = _mm512_maskz_srli_epi32(all, u, 16);
-  const __m512i up = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                      _mm512_and_si512(kept, _mm512_set1_epi32(1)));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i up =
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(kept, _mm512_set1_epi32(1)));
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   const __m512i r = _mm512_mask_or_epi32(_mm512_maskz_srli_epi32(all, up, 16), nan, kept, _mm512_set1_epi32(0x40));
   return _mm512_maskz_cvtepi32_epi16(all, r);
 }

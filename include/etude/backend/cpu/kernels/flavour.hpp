@@ -33,7 +33,8 @@
 #define ETUDE_CPU_FLAVOUR_KERNELS 0
 #endif
 
-#define ETUDE_CPU_FLAVOUR_DNNL_SYMBOL etude_link_error__units_disagree_on_ETUDE_WITH_DNNL__link_all_with_etude_dnnl_or_none
+#define ETUDE_CPU_FLAVOUR_DNNL_SYMBOL \
+  etude_link_error__units_disagree_on_ETUDE_WITH_DNNL__link_all_with_etude_dnnl_or_none
 #define ETUDE_CPU_FLAVOUR_ISA_SYMBOL etude_link_error__units_disagree_on_ETUDE_CPU_PORTABLE__define_it_in_all_or_none
 
 __asm__(".globl " ETUDE_CPU_FLAVOUR_STR(ETUDE_CPU_FLAVOUR_DNNL_SYMBOL) "\n"

@@ -10,8 +10,8 @@
 // disagree fails to link (kernels/flavour.hpp).
 #pragma once
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && \
-    !defined(__CUDACC__) && !defined(ETUDE_CPU_PORTABLE)
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(ETUDE_CPU_PORTABLE)
 #include <immintrin.h>
 // This unit compiles the AVX-512 and AVX512_BF16 kernels.
 #define ETUDE_CPU_X86_KERNELS 1
