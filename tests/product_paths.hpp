@@ -60,7 +60,7 @@ inline std::vector<bf16_path> bf16_paths_here() {
   add(cpu::own_bf16_products() ? bf16_path::own
       : chosen.rfind("oneDNN", 0) == 0 ? bf16_path::onednn
                                        : bf16_path::widened);
-  if (etude::backend::cpu_detail::bf16_pairs::available()) add(bf16_path::own);
+  if (etude::backend::cpu_detail::tile_product::available()) add(bf16_path::own);
 #ifdef ETUDE_WITH_DNNL
   // oneDNN's path is usable here when it multiplies natively; describe() says so even when off
   {

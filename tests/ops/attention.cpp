@@ -86,7 +86,7 @@ TEST_CASE("causal attention forward equals a naive softmax over the past", "[ops
 namespace {
 
 // Self-attention's dot path: bf16 products on the instructions and etude's AVX512_BF16 kernels.
-bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::bf16_pairs::available(); }
+bool attention_dots() { return cpu::bf16_dot_products() && etude::backend::cpu_detail::tile_product::available(); }
 
 // bf16 q, k, v and dO (cpu_gemm's bf16 dot products where this CPU has them, else widened to
 // float) against the double path on the same values. With dot products P and dS are rounded to
@@ -201,10 +201,10 @@ TEST_CASE("bf16 attention stays within the rounding of its probabilities and dS"
   }
 }
 
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
 namespace {
 // vmath512's exponential on 16 copies of x (the test programs are built for any x86-64).
-ETUDE_VMATH512_TARGET float exp16(float x) {
+ETUDE_CPU_AVX512_TARGET float exp16(float x) {
   float out[16];
   _mm512_storeu_ps(out, etude::backend::cpu_detail::vmath512::exp16(_mm512_set1_ps(x)));
   return out[0];
@@ -224,7 +224,7 @@ namespace {
 template <int HeadDim>
 std::vector<float> check_float_attention(index_t batch, index_t steps, int heads, bool own) {
   cpu::set_own_float_attention(own);
-  CHECK(cpu::own_float_attention() == (own && etude::backend::cpu_detail::bf16_pairs::available()));
+  CHECK(cpu::own_float_attention() == (own && etude::backend::cpu_detail::tile_product::available()));
   const index_t d = heads * HeadDim;
   const auto qkv = random_vector(batch * steps * 3 * d, 31, 2.0), dout = random_vector(batch * steps * d, 32);
   std::vector<double> att(batch * steps * d), lse(batch * steps * heads), dqkv(qkv.size());
@@ -270,7 +270,7 @@ TEST_CASE("float attention on etude's kernels and on oneDNN's products is float 
     check_float_attention<64>(1, 600, 1, own);
     check_float_attention<24>(2, 150, 3, own);
   }
-  if (etude::backend::cpu_detail::bf16_pairs::available()) {
+  if (etude::backend::cpu_detail::tile_product::available()) {
     // the two paths differ in the order of their additions, not by more
     CHECK(check_float_attention<64>(1, 130, 2, true) != check_float_attention<64>(1, 130, 2, false));
   }
@@ -279,7 +279,7 @@ TEST_CASE("float attention on etude's kernels and on oneDNN's products is float 
 TEST_CASE("attention's score rows are within a few roundings of double, zero past their keys", "[ops]") {
   namespace rows = etude::backend::cpu_detail::score_rows;
   using etude::bf16;
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
   if (etude::backend::cpu_detail::vmath512::available()) {
     for (float x = -87.0f; x <= 88.0f; x += 0.001953125f) {
       const double ref = std::exp(static_cast<double>(x));
@@ -362,9 +362,9 @@ TEST_CASE("attention's score rows are within a few roundings of double, zero pas
 // bits as the row-at-a-time kernels and bf16(float), with scores reaching e^-104 (subnormal
 // probabilities), rows of any length and an odd last row.
 TEST_CASE("bf16 score rows rounded and paired two at a time are bf16(float), subnormals included", "[ops]") {
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_CPU_X86_KERNELS
   namespace rows = etude::backend::cpu_detail::score_rows;
-  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  namespace pairs = etude::backend::cpu_detail::tile_product;
   using etude::bf16;
   if (!pairs::available()) {
     WARN("this CPU has no AVX512_BF16: the paired score rows are not exercised");

@@ -316,16 +316,16 @@ TEST_CASE("bf16 products: the path bf16_products() names, within float roundings
         check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 1.0, 0.0);
         check_paths<etude::bf16, etude::bf16>(ta, tb, 64, 33, 129, 0.125, 1.0);
       }
-    // op(B) larger than the workspace (a weight gradient's shape: both of bf16_pairs::gemm's
+    // op(B) larger than the workspace (a weight gradient's shape: both of tile_product::gemm's
     // schedules), an odd reduction, an empty one
     check_paths<etude::bf16, float>(true, false, 40, 1600, 1031, 1.0, 1.0);
     check_paths<etude::bf16, etude::bf16>(false, true, 150, 1600, 1030, 0.5, 0.25);
     check_paths<etude::bf16, etude::bf16>(false, false, 7, 9, 0, 1.0, 0.5);
   }
-  if (etude::backend::cpu_detail::bf16_pairs::available()) {
+  if (etude::backend::cpu_detail::tile_product::available()) {
     // a room of two panels: op(B) packed in passes, the same bits as packed at once
     etude::test::bf16_path_scope on(etude::test::bf16_path::own);
-    namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+    namespace pairs = etude::backend::cpu_detail::tile_product;
     const index_t m = 200, n = 150, k = 130;
     const auto a = stored<etude::bf16>(random_vector(std::size_t(m * k), 71));
     const auto b = stored<etude::bf16>(random_vector(std::size_t(n * k), 72));
@@ -379,10 +379,10 @@ TEST_CASE("float products: the path float_products() names, and OpenBLAS, within
 TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A seen transposed, within float "
           "roundings",
           "[ops]") {
-  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  namespace pairs = etude::backend::cpu_detail::tile_product;
   using etude::bf16;
   if (!pairs::available()) {
-#if !defined(ETUDE_BF16_PAIRS)
+#if !defined(ETUDE_CPU_X86_KERNELS)
     // built without the kernels (not x86-64, or not GCC/Clang): product() refuses by name
     const pairs::word* none = nullptr;
     CHECK_THROWS_WITH(pairs::product(1, 1, 1, 1.0f, none, 1, 1, none, 16, 0.0f, static_cast<float*>(nullptr), 1),
@@ -463,7 +463,7 @@ TEST_CASE("bf16 pair products (attention's kernels): both packings, a paired A s
 
 TEST_CASE("bf16 pair products of a causal operand skip only what is zero or unread: the full product's bits",
           "[ops]") {
-  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  namespace pairs = etude::backend::cpu_detail::tile_product;
   using etude::bf16;
   using causal = pairs::causal;
   if (!pairs::available()) {
@@ -520,7 +520,7 @@ TEST_CASE("bf16 pair products of a causal operand skip only what is zero or unre
 
 TEST_CASE("bf16 pair products round a bf16 C as bf16(float) rounds, whole vector pairs, NaN and infinity included",
           "[ops]") {
-  namespace pairs = etude::backend::cpu_detail::bf16_pairs;
+  namespace pairs = etude::backend::cpu_detail::tile_product;
   using etude::bf16;
   if (!pairs::available()) {
     WARN("this CPU has no AVX512_BF16: the pair products are not exercised");

@@ -113,7 +113,7 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
   etude::hyper h;
   h.total_steps = 10;
   {
-    // oneDNN's primitives for float and bf16 products (backend/cpu/detail/dnnl_gemm.hpp), with
+    // oneDNN's primitives for float and bf16 products (backend/cpu/kernels/dnnl_gemm.hpp), with
     // each thread's memory objects and scratch buffer, are made once per process and shape and
     // shared by every trainer, like OpenBLAS's per-thread buffers: a first trainer outside the
     // window makes them, so that the window sees what a trainer holds

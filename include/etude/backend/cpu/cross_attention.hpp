@@ -17,16 +17,17 @@
 #include <type_traits>
 
 #include "etude/backend/cpu/detail/common.hpp"
-#include "etude/backend/cpu/detail/heads.hpp"
+#include "etude/backend/cpu/detail/head_slots.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
 #include "etude/backend/cpu/gemm.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend {
 
 struct cpu_cross_attention {
-  static constexpr index_t cross_rows = 64;
+  static constexpr index_t cross_rows = cpu_tuning<cpu_op::cross_attention>::rows;  // tuning.hpp
 
   // One slot per thread: scores and their gradient for a block of query rows, and with 16-bit
   // tensors one head's q, dO, dQ (S rows) and k, v, dK, dV (L rows) in the compute type, or a
@@ -40,12 +41,12 @@ struct cpu_cross_attention {
     return static_cast<index_t>(thread_count) * cross_attention_slot(steps, positions, head_dim, staged);
   }
 
-  template <int HeadDim, class A, class St, class M>
-  static void cross_attention_fwd(A* att, St* lse, const A* q, const A* kv, const M* mask, index_t batch,
+  template <int HeadDim, class A, class Lse, class M>
+  static void cross_attention_fwd(A* att, Lse* lse, const A* q, const A* kv, const M* mask, index_t batch,
                                   index_t steps, index_t positions, int heads, index_t ldq,
                                   cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
-    using F = cpu_detail::compute_of<A>;
-    constexpr bool staged = !std::is_same_v<A, F>;
+    using Compute = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, Compute>;
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
     const int slots = cpu_detail::slot_count("cpu::cross_attention_fwd", slot, scratch_size);
@@ -53,22 +54,22 @@ struct cpu_cross_attention {
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      F* p = scratch + omp_get_thread_num() * slot;
+      Compute* p = scratch + omp_get_thread_num() * slot;
       const A* qh = q + b * steps * ldq + h * hd;
       const A* kh = kv + b * positions * 2 * d + h * hd;
       const M* m = mask != nullptr ? mask + b * positions : nullptr;
       A* out = att + b * steps * d + h * hd;
-      St* l = lse + b * steps * heads + h;
+      Lse* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         fwd_head(p, qh, ldq, kh, kh + d, 2 * d, m, out, d, l, heads, steps, positions, hd);
       } else if (dot16) {
         if constexpr (std::is_same_v<A, bf16>)
           fwd_head_bf16(p, qh, ldq, kh, kh + d, 2 * d, m, out, d, l, heads, steps, positions, hd);
       } else {
-        F* qf = p + 2 * cross_rows * positions;
-        F* of = qf + steps * hd;
-        F* kf = of + 2 * steps * hd;
-        F* vf = kf + positions * hd;
+        Compute* qf = p + 2 * cross_rows * positions;
+        Compute* of = qf + steps * hd;
+        Compute* kf = of + 2 * steps * hd;
+        Compute* vf = kf + positions * hd;
         cpu_detail::widen_head(qf, qh, ldq, steps, hd);
         cpu_detail::widen_head(kf, kh, 2 * d, positions, hd);
         cpu_detail::widen_head(vf, kh + d, 2 * d, positions, hd);
@@ -78,12 +79,12 @@ struct cpu_cross_attention {
     }
   }
 
-  template <int HeadDim, class DQ, class A, class St, class M>
-  static void cross_attention_bwd(DQ* dq, DQ* dkv, const A* datt, const A* q, const A* kv, const St* lse,
+  template <int HeadDim, class DQ, class A, class Lse, class M>
+  static void cross_attention_bwd(DQ* dq, DQ* dkv, const A* datt, const A* q, const A* kv, const Lse* lse,
                                   const M* mask, index_t batch, index_t steps, index_t positions, int heads,
                                   index_t ldq, cpu_detail::compute_of<A>* scratch, index_t scratch_size) {
-    using F = cpu_detail::compute_of<A>;
-    constexpr bool staged = !std::is_same_v<A, F> || !std::is_same_v<DQ, F>;
+    using Compute = cpu_detail::compute_of<A>;
+    constexpr bool staged = !std::is_same_v<A, Compute> || !std::is_same_v<DQ, Compute>;
     constexpr index_t hd = HeadDim;
     const index_t d = heads * hd, slot = cross_attention_slot(steps, positions, hd, staged);
     const int slots = cpu_detail::slot_count("cpu::cross_attention_bwd", slot, scratch_size);
@@ -91,14 +92,14 @@ struct cpu_cross_attention {
 #pragma omp parallel for schedule(static) num_threads(slots)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      F* p = scratch + omp_get_thread_num() * slot;
+      Compute* p = scratch + omp_get_thread_num() * slot;
       const A* qh = q + b * steps * ldq + h * hd;
       const A* kh = kv + b * positions * 2 * d + h * hd;
       const A* dout = datt + b * steps * d + h * hd;
       DQ* dqh = dq + b * steps * ldq + h * hd;
       DQ* dkh = dkv + b * positions * 2 * d + h * hd;
       const M* m = mask != nullptr ? mask + b * positions : nullptr;
-      const St* l = lse + b * steps * heads + h;
+      const Lse* l = lse + b * steps * heads + h;
       if constexpr (!staged) {
         bwd_head(p, qh, ldq, kh, kh + d, 2 * d, dout, d, dqh, ldq, dkh, dkh + d, 2 * d, m, l, heads, steps, positions, hd);
       } else if (dot16) {
@@ -106,13 +107,13 @@ struct cpu_cross_attention {
           bwd_head_bf16(p, qh, ldq, kh, kh + d, 2 * d, dout, d, dqh, ldq, dkh, dkh + d, 2 * d, m, l, heads, steps,
                         positions, hd);
       } else {
-        F* qf = p + 2 * cross_rows * positions;
-        F* of = qf + steps * hd;
-        F* dqf = of + steps * hd;
-        F* kf = dqf + steps * hd;
-        F* vf = kf + positions * hd;
-        F* dkf = vf + positions * hd;
-        F* dvf = dkf + positions * hd;
+        Compute* qf = p + 2 * cross_rows * positions;
+        Compute* of = qf + steps * hd;
+        Compute* dqf = of + steps * hd;
+        Compute* kf = dqf + steps * hd;
+        Compute* vf = kf + positions * hd;
+        Compute* dkf = vf + positions * hd;
+        Compute* dvf = dkf + positions * hd;
         cpu_detail::widen_head(qf, qh, ldq, steps, hd);
         cpu_detail::widen_head(of, dout, d, steps, hd);
         cpu_detail::widen_head(kf, kh, 2 * d, positions, hd);
@@ -132,75 +133,79 @@ struct cpu_cross_attention {
   }
 
   // One head of one example: q rows with stride ldq, k and v rows with stride ldk, out with ldo.
-  template <class F, class O, class St, class M>
-  static void fwd_head(F* p, const F* q, index_t ldq, const F* k, const F* v, index_t ldk, const M* m, O* out,
-                       index_t ldo, St* lse, index_t lse_ld, index_t steps, index_t positions, index_t hd) {
-    const F scale = F(1.0) / std::sqrt(static_cast<F>(hd));
+  template <class Compute, class O, class Lse, class M>
+  static void fwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk,
+                       const M* m, O* out, index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions,
+                       index_t hd) {
+    const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(hd));
     const index_t n = positions;
     for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
       const index_t rows = std::min(cross_rows, steps - i0);
-      cpu_gemm::dense<F>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, F(0.0), p, n);
+      cpu_gemm::dense<Compute>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, Compute(0.0), p, n);
       for (index_t i = 0; i < rows; ++i) {
-        F* row = p + i * n;
-        F mx = -std::numeric_limits<F>::infinity();
+        Compute* row = p + i * n;
+        Compute mx = -std::numeric_limits<Compute>::infinity();
         for (index_t j = 0; j < n; ++j)
           if (valid(m, j)) mx = std::max(mx, row[j]);
-        if (mx == -std::numeric_limits<F>::infinity()) {  // no valid position: nothing to attend to
-          for (index_t j = 0; j < n; ++j) row[j] = F(0.0);
-          lse[(i0 + i) * lse_ld] = static_cast<St>(std::numeric_limits<F>::infinity());
+        if (mx == -std::numeric_limits<Compute>::infinity()) {  // no valid position: nothing to attend to
+          for (index_t j = 0; j < n; ++j) row[j] = Compute(0.0);
+          lse[(i0 + i) * lse_ld] = static_cast<Lse>(std::numeric_limits<Compute>::infinity());
           continue;
         }
-        F sum = F(0.0);
+        Compute sum = Compute(0.0);
         for (index_t j = 0; j < n; ++j) {
-          row[j] = valid(m, j) ? cpu_detail::vexp(row[j] - mx) : F(0.0);
+          row[j] = valid(m, j) ? cpu_detail::vexp(row[j] - mx) : Compute(0.0);
           sum += row[j];
         }
-        const F inv = F(1.0) / sum;
+        const Compute inv = Compute(1.0) / sum;
         for (index_t j = 0; j < n; ++j) row[j] *= inv;
-        lse[(i0 + i) * lse_ld] = static_cast<St>(mx + std::log(sum));
+        lse[(i0 + i) * lse_ld] = static_cast<Lse>(mx + std::log(sum));
       }
-      cpu_gemm::dense<F>(false, false, rows, hd, n, F(1.0), p, n, v, ldk, F(0.0), out + i0 * ldo, ldo);
+      cpu_gemm::dense<Compute>(false, false, rows, hd, n, Compute(1.0), p, n, v, ldk, Compute(0.0), out + i0 * ldo,
+                               ldo);
     }
   }
 
-  template <class F, class St, class M>
-  static void bwd_head(F* p, const F* q, index_t ldq, const F* k, const F* v, index_t ldk, const F* dout, index_t ldo,
-                       F* dq, index_t lddq, F* dk, F* dv, index_t lddk, const M* m, const St* lse, index_t lse_ld,
-                       index_t steps, index_t positions, index_t hd) {
-    const F scale = F(1.0) / std::sqrt(static_cast<F>(hd));
+  template <class Compute, class Lse, class M>
+  static void bwd_head(Compute* p, const Compute* q, index_t ldq, const Compute* k, const Compute* v, index_t ldk,
+                       const Compute* dout, index_t ldo, Compute* dq, index_t lddq, Compute* dk, Compute* dv,
+                       index_t lddk, const M* m, const Lse* lse, index_t lse_ld, index_t steps, index_t positions,
+                       index_t hd) {
+    const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(hd));
     const index_t n = positions;
-    F* dp = p + cross_rows * n;
+    Compute* dp = p + cross_rows * n;
     for (index_t i0 = 0; i0 < steps; i0 += cross_rows) {
       const index_t rows = std::min(cross_rows, steps - i0);
-      cpu_gemm::dense<F>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, F(0.0), p, n);
-      cpu_gemm::dense<F>(false, true, rows, n, hd, F(1.0), dout + i0 * ldo, ldo, v, ldk, F(0.0), dp, n);
+      cpu_gemm::dense<Compute>(false, true, rows, n, hd, scale, q + i0 * ldq, ldq, k, ldk, Compute(0.0), p, n);
+      cpu_gemm::dense<Compute>(false, true, rows, n, hd, Compute(1.0), dout + i0 * ldo, ldo, v, ldk, Compute(0.0), dp,
+                               n);
       for (index_t i = 0; i < rows; ++i) {
-        F* pr = p + i * n;
-        F* dr = dp + i * n;
-        const F l = static_cast<F>(lse[(i0 + i) * lse_ld]);
-        const bool none = l == std::numeric_limits<F>::infinity();
-        for (index_t j = 0; j < n; ++j) pr[j] = !none && valid(m, j) ? cpu_detail::vexp(pr[j] - l) : F(0.0);
-        F dot = F(0.0);
+        Compute* pr = p + i * n;
+        Compute* dr = dp + i * n;
+        const Compute l = static_cast<Compute>(lse[(i0 + i) * lse_ld]);
+        const bool none = l == std::numeric_limits<Compute>::infinity();
+        for (index_t j = 0; j < n; ++j) pr[j] = !none && valid(m, j) ? cpu_detail::vexp(pr[j] - l) : Compute(0.0);
+        Compute dot = Compute(0.0);
         for (index_t j = 0; j < n; ++j) dot += pr[j] * dr[j];
         for (index_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
       }
       // dV += Pᵀ dO, dK += scale·dSᵀ Q over the blocks (the first block writes), dQ = scale·dS K
-      const F beta = i0 == 0 ? F(0.0) : F(1.0);
-      cpu_gemm::dense<F>(true, false, n, hd, rows, F(1.0), p, n, dout + i0 * ldo, ldo, beta, dv, lddk);
-      cpu_gemm::dense<F>(true, false, n, hd, rows, scale, dp, n, q + i0 * ldq, ldq, beta, dk, lddk);
-      cpu_gemm::dense<F>(false, false, rows, hd, n, scale, dp, n, k, ldk, F(0.0), dq + i0 * lddq, lddq);
+      const Compute beta = i0 == 0 ? Compute(0.0) : Compute(1.0);
+      cpu_gemm::dense<Compute>(true, false, n, hd, rows, Compute(1.0), p, n, dout + i0 * ldo, ldo, beta, dv, lddk);
+      cpu_gemm::dense<Compute>(true, false, n, hd, rows, scale, dp, n, q + i0 * ldq, ldq, beta, dk, lddk);
+      cpu_gemm::dense<Compute>(false, false, rows, hd, n, scale, dp, n, k, ldk, Compute(0.0), dq + i0 * lddq, lddq);
     }
     if (steps == 0)
       for (index_t j = 0; j < n; ++j)
-        for (index_t c = 0; c < hd; ++c) dk[j * lddk + c] = dv[j * lddk + c] = F(0.0);
+        for (index_t c = 0; c < hd; ++c) dk[j * lddk + c] = dv[j * lddk + c] = Compute(0.0);
   }
 
   // fwd_head on bf16 dot products: q, k, v read in place. Slot: float scores (cross_rows,
   // positions); from 2·cross_rows·positions the block's bf16 probabilities, then its float output
   // (cross_rows, hd). The rows are normalised in float, then rounded to meet V.
-  template <class O, class St, class M>
-  static void fwd_head_bf16(float* p, const bf16* q, index_t ldq, const bf16* k, const bf16* v, index_t ldk,
-                            const M* m, O* out, index_t ldo, St* lse, index_t lse_ld, index_t steps, index_t positions,
+  template <class O, class Lse, class M>
+  static void fwd_head_bf16(float* p, const bf16* q, index_t ldq, const bf16* k, const bf16* v, index_t ldk, const M* m,
+                            O* out, index_t ldo, Lse* lse, index_t lse_ld, index_t steps, index_t positions,
                             index_t hd) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const index_t n = positions;
@@ -217,7 +222,7 @@ struct cpu_cross_attention {
           if (valid(m, j)) mx = std::max(mx, row[j]);
         if (mx == -std::numeric_limits<float>::infinity()) {  // no valid position: nothing to attend to
           for (index_t j = 0; j < n; ++j) rb[j] = bf16(0.0f);
-          lse[(i0 + i) * lse_ld] = static_cast<St>(std::numeric_limits<float>::infinity());
+          lse[(i0 + i) * lse_ld] = static_cast<Lse>(std::numeric_limits<float>::infinity());
           continue;
         }
         float sum = 0.0f;
@@ -227,8 +232,8 @@ struct cpu_cross_attention {
         }
         const float inv = 1.0f / sum;
 #pragma omp simd
-        for (index_t j = 0; j < n; ++j) rb[j] = cpu_detail::cv<bf16>(row[j] * inv);
-        lse[(i0 + i) * lse_ld] = static_cast<St>(mx + std::log(sum));
+        for (index_t j = 0; j < n; ++j) rb[j] = cpu_detail::convert<bf16>(row[j] * inv);
+        lse[(i0 + i) * lse_ld] = static_cast<Lse>(mx + std::log(sum));
       }
       cpu_gemm::gemm(false, false, rows, hd, n, 1.0, pb, n, v, ldk, 0.0, of, hd);
       cpu_detail::narrow_head(out + i0 * ldo, ldo, of, rows, hd);
@@ -238,10 +243,10 @@ struct cpu_cross_attention {
   // bwd_head on bf16 dot products: q, k, v and dO read in place; dQ, dK and dV summed in float
   // (the slot's staged room: the block's bf16 P and dS from 2·cross_rows·positions, then dQ (S
   // rows), dK and dV (L rows)) and rounded once.
-  template <class DQ, class St, class M>
+  template <class DQ, class Lse, class M>
   static void bwd_head_bf16(float* p, const bf16* q, index_t ldq, const bf16* k, const bf16* v, index_t ldk,
                             const bf16* dout, index_t ldo, DQ* dq, index_t lddq, DQ* dk, DQ* dv, index_t lddk,
-                            const M* m, const St* lse, index_t lse_ld, index_t steps, index_t positions, index_t hd) {
+                            const M* m, const Lse* lse, index_t lse_ld, index_t steps, index_t positions, index_t hd) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const index_t n = positions;
     float* dp = p + cross_rows * n;
@@ -266,8 +271,8 @@ struct cpu_cross_attention {
         bf16* srb = sb + i * n;
 #pragma omp simd
         for (index_t j = 0; j < n; ++j) {
-          prb[j] = cpu_detail::cv<bf16>(pr[j]);
-          srb[j] = cpu_detail::cv<bf16>(pr[j] * (dr[j] - dot));
+          prb[j] = cpu_detail::convert<bf16>(pr[j]);
+          srb[j] = cpu_detail::convert<bf16>(pr[j] * (dr[j] - dot));
         }
       }
       // dV += Pᵀ dO, dK += scale·dSᵀ Q over the blocks (the first block writes), dQ = scale·dS K

@@ -1,5 +1,5 @@
 // The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU (of
-// 16-bit activations by table: detail/gelu_lookup.hpp).
+// 16-bit activations by table: kernels/avx512_gelu_lookup.hpp).
 #pragma once
 
 #include <cmath>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "etude/backend/cpu/detail/common.hpp"
-#include "etude/backend/cpu/detail/gelu_lookup.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
+#include "etude/backend/cpu/kernels/avx512_gelu_lookup.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
@@ -20,7 +20,7 @@ struct cpu_elementwise {
   template <class D, class S>
   static void copy(D* dst, const S* src, index_t n) {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<D>(src[i]);
+    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::convert<D>(src[i]);
   }
   // Zeros; a long run (a step's gradients) on every thread with cached stores. glibc's memset
   // stores a run that long past the caches, on one thread: tiny's 30 MB of gradients took 0.65 ms
@@ -36,27 +36,31 @@ struct cpu_elementwise {
   }
   template <class T>
   static void accumulate(T* dst, const T* src, index_t n) {
-    using F = cpu_detail::compute_of<T>;
+    using Compute = cpu_detail::compute_of<T>;
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-    for (index_t i = 0; i < n; ++i) dst[i] = cpu_detail::cv<T>(cpu_detail::cv<F>(dst[i]) + cpu_detail::cv<F>(src[i]));
+    for (index_t i = 0; i < n; ++i)
+      dst[i] = cpu_detail::convert<T>(cpu_detail::convert<Compute>(dst[i]) + cpu_detail::convert<Compute>(src[i]));
   }
 
   // GELU and its slope of one value in the compute type: what every path below computes.
   // In float Φ comes from the normal tail (vmath), and the density's e^(−x²/2) is also the tail's
   // factor, computed once.
-  template <class F>
-  static F gelu_value(F v) {
-    if constexpr (std::is_same_v<F, float>) return v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v));
-    else return F(0.5) * v * std::erfc(-v * F(0.70710678118654752440));
+  template <class Compute>
+  static Compute gelu_value(Compute v) {
+    if constexpr (std::is_same_v<Compute, float>)
+      return v * cpu_detail::normal_cdf(v, cpu_detail::gauss(v));
+    else
+      return Compute(0.5) * v * std::erfc(-v * Compute(0.70710678118654752440));
   }
-  template <class F>
-  static F gelu_slope(F v) {
-    constexpr F inv_sqrt_2pi = F(0.398942280401432677940);
-    if constexpr (std::is_same_v<F, float>) {
+  template <class Compute>
+  static Compute gelu_slope(Compute v) {
+    constexpr Compute inv_sqrt_2pi = Compute(0.398942280401432677940);
+    if constexpr (std::is_same_v<Compute, float>) {
       const float g = cpu_detail::gauss(v);
       return cpu_detail::normal_cdf(v, g) + v * (inv_sqrt_2pi * g);
     } else {
-      return F(0.5) * std::erfc(-v * F(0.70710678118654752440)) + v * (inv_sqrt_2pi * std::exp(-F(0.5) * v * v));
+      return Compute(0.5) * std::erfc(-v * Compute(0.70710678118654752440)) +
+             v * (inv_sqrt_2pi * std::exp(-Compute(0.5) * v * v));
     }
   }
 
@@ -64,12 +68,12 @@ struct cpu_elementwise {
   // all 65536 inputs, made once by gelu_value: the same bits as computing it, in a gather.
   template <class Y, class X>
   static void gelu_fwd(Y* y, const X* x, index_t n) {
-    using F = cpu_detail::compute_of<X>;
+    using Compute = cpu_detail::compute_of<X>;
     if constexpr (std::is_same_v<Y, X> && is_reduced_precision_v<X>) {
       const std::uint16_t* table = gelu_codes<X>();
       auto* out = reinterpret_cast<std::uint16_t*>(y);
       const auto* in = reinterpret_cast<const std::uint16_t*>(x);
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
       if (cpu_detail::vmath512::available()) {
         cpu_detail::gelu_lookup::codes(out, in, table, n);
         return;
@@ -79,18 +83,18 @@ struct cpu_elementwise {
       for (index_t i = 0; i < n; ++i) out[i] = table[in[i]];
     } else {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
-      for (index_t i = 0; i < n; ++i) y[i] = cpu_detail::cv<Y>(gelu_value(cpu_detail::cv<F>(x[i])));
+      for (index_t i = 0; i < n; ++i) y[i] = cpu_detail::convert<Y>(gelu_value(cpu_detail::convert<Compute>(x[i])));
     }
   }
   // dx = dy · GELU'(x), in place over dy; a 16-bit x looks GELU'(x) up in a table of floats made
   // once by gelu_slope (the product and its rounding as computed).
   template <class DY, class X>
   static void gelu_bwd(DY* dy, const X* x, index_t n) {
-    using F = cpu_detail::compute_of<X>;
+    using Compute = cpu_detail::compute_of<X>;
     if constexpr (is_reduced_precision_v<X>) {
       const float* slope = gelu_slopes<X>();
       const auto* in = reinterpret_cast<const std::uint16_t*>(x);
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
       if constexpr (std::is_same_v<DY, bf16> || std::is_same_v<DY, float>) {
         if (cpu_detail::vmath512::available()) {
           cpu_detail::gelu_lookup::scale(dy, in, slope, n);
@@ -99,11 +103,13 @@ struct cpu_elementwise {
       }
 #endif
 #pragma omp parallel for schedule(static) if (n > cpu_detail::parallel_min)
-      for (index_t i = 0; i < n; ++i) dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * slope[in[i]]);
+      for (index_t i = 0; i < n; ++i)
+        dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) * slope[in[i]]);
     } else {
 #pragma omp parallel for simd schedule(static) if (n > cpu_detail::parallel_min)
       for (index_t i = 0; i < n; ++i)
-        dy[i] = cpu_detail::cv<DY>(cpu_detail::cv<F>(dy[i]) * gelu_slope(cpu_detail::cv<F>(x[i])));
+        dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) *
+                                        gelu_slope(cpu_detail::convert<Compute>(x[i])));
     }
   }
 
@@ -117,7 +123,9 @@ struct cpu_elementwise {
       std::vector<std::uint16_t> t(codes_16 + 1, 0);
 #pragma omp simd
       for (index_t i = 0; i < codes_16; ++i)
-        t[i] = cpu_detail::cv<X>(gelu_value(cpu_detail::cv<float>(X::from_bits(static_cast<std::uint16_t>(i))))).bits;
+        t[i] =
+            cpu_detail::convert<X>(gelu_value(cpu_detail::convert<float>(X::from_bits(static_cast<std::uint16_t>(i)))))
+                .bits;
       return t;
     }();
     return table.data();
@@ -128,7 +136,7 @@ struct cpu_elementwise {
       std::vector<float> t(codes_16);
 #pragma omp simd
       for (index_t i = 0; i < codes_16; ++i)
-        t[i] = gelu_slope(cpu_detail::cv<float>(X::from_bits(static_cast<std::uint16_t>(i))));
+        t[i] = gelu_slope(cpu_detail::convert<float>(X::from_bits(static_cast<std::uint16_t>(i))));
       return t;
     }();
     return table.data();

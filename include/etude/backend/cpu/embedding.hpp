@@ -22,8 +22,8 @@ struct cpu_embedding {
     for (index_t s = 0; s < steps; ++s)
       for (index_t j = 0; j < half; ++j) {
         const double phase = static_cast<double>(s) / std::pow(10000.0, static_cast<double>(j) / static_cast<double>(half - 1));
-        out[s * dim + j] = cpu_detail::cv<T>(static_cast<cpu_detail::compute_of<T>>(std::cos(phase)));
-        out[s * dim + half + j] = cpu_detail::cv<T>(static_cast<cpu_detail::compute_of<T>>(std::sin(phase)));
+        out[s * dim + j] = cpu_detail::convert<T>(static_cast<cpu_detail::compute_of<T>>(std::cos(phase)));
+        out[s * dim + half + j] = cpu_detail::convert<T>(static_cast<cpu_detail::compute_of<T>>(std::sin(phase)));
       }
   }
 
@@ -32,7 +32,7 @@ struct cpu_embedding {
   template <class X, class W, class P>
   static void embedding_fwd(X* x, const token_t* seq, const W* const* tables, const P* pos,
                             index_t batch, int codebooks, index_t steps, index_t dim) {
-    using F = cpu_detail::compute_of<X>;
+    using Compute = cpu_detail::compute_of<X>;
     constexpr index_t chunk = 256;
 #pragma omp parallel for schedule(static) if (batch * steps * dim > cpu_detail::parallel_min)
     for (index_t r = 0; r < batch * steps; ++r) {
@@ -40,18 +40,19 @@ struct cpu_embedding {
       X* out = x + r * dim;
       for (index_t j0 = 0; j0 < dim; j0 += chunk) {
         const index_t w = std::min(chunk, dim - j0);
-        F acc[chunk];
+        Compute acc[chunk];
         const W* e0 = tables[0] + static_cast<index_t>(seq[(b * codebooks) * steps + s]) * dim + j0;
 #pragma omp simd
-        for (index_t j = 0; j < w; ++j) acc[j] = cpu_detail::cv<F>(e0[j]);
+        for (index_t j = 0; j < w; ++j) acc[j] = cpu_detail::convert<Compute>(e0[j]);
         for (int k = 1; k < codebooks; ++k) {
           const W* ek = tables[k] + static_cast<index_t>(seq[(b * codebooks + k) * steps + s]) * dim + j0;
 #pragma omp simd
-          for (index_t j = 0; j < w; ++j) acc[j] += cpu_detail::cv<F>(ek[j]);
+          for (index_t j = 0; j < w; ++j) acc[j] += cpu_detail::convert<Compute>(ek[j]);
         }
         const P* p = pos + s * dim + j0;
 #pragma omp simd
-        for (index_t j = 0; j < w; ++j) out[j0 + j] = cpu_detail::cv<X>(acc[j] + cpu_detail::cv<F>(p[j]));
+        for (index_t j = 0; j < w; ++j)
+          out[j0 + j] = cpu_detail::convert<X>(acc[j] + cpu_detail::convert<Compute>(p[j]));
       }
     }
   }
@@ -65,7 +66,7 @@ struct cpu_embedding {
   template <class G, class X>
   static void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t batch,
                             int codebooks, index_t steps, index_t dim) {
-    using F = cpu_detail::compute_of<G>;
+    using Compute = cpu_detail::compute_of<G>;
     const index_t rows = batch * steps;
     if (rows <= 0 || dim <= 0) return;
     // by_token[k·rows + i]: codebook k's positions by token, in order within a token; runs: where
@@ -97,7 +98,8 @@ struct cpu_embedding {
       for (index_t at = starts[i]; at < starts[i + 1]; ++at) {
         const X* g = dx + order[at] * dim;
 #pragma omp simd
-        for (index_t j = 0; j < dim; ++j) row[j] = cpu_detail::cv<G>(cpu_detail::cv<F>(row[j]) + cpu_detail::cv<F>(g[j]));
+        for (index_t j = 0; j < dim; ++j)
+          row[j] = cpu_detail::convert<G>(cpu_detail::convert<Compute>(row[j]) + cpu_detail::convert<Compute>(g[j]));
       }
     }
   }

@@ -1,9 +1,9 @@
 // The CPU's matrix products (spec: ops/gemm.hpp). All-float products go to oneDNN's f32 matmul in
 // a program that links etude::dnnl, where oneDNN has a brgemm kernel for the CPU (faster than
-// OpenBLAS on every product measured, detail/dnnl_gemm.hpp), else to CBLAS; all-double products to
+// OpenBLAS on every product measured, kernels/dnnl_gemm.hpp), else to CBLAS; all-double products to
 // CBLAS (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16
 // operands go to etude's own kernels on the CPU's bf16 dot-product instructions (AVX512_BF16,
-// float accumulation, detail/bf16_gemm.hpp) where the CPU has them, else to oneDNN's bf16 matmul
+// float accumulation, kernels/avx512_bf16_gemm.hpp) where the CPU has them, else to oneDNN's bf16 matmul
 // in a program that links etude::dnnl where oneDNN multiplies natively (AMX, say); any other
 // 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
 // multiplies them as float products. float_products() and bf16_products() name the paths taken.
@@ -28,25 +28,27 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/detail/bf16_gemm.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
+#include "etude/backend/cpu/kernels/avx512_bf16_gemm.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
 // nvcc's units never multiply on the host CPU; they are left without oneDNN's headers
 #if defined(ETUDE_WITH_DNNL) && !defined(__CUDACC__)
-#include "etude/backend/cpu/detail/dnnl_gemm.hpp"
+#include "etude/backend/cpu/kernels/dnnl_gemm.hpp"
 #define ETUDE_CPU_GEMM_DNNL 1
 #endif
 
 namespace etude::backend {
 
 struct cpu_gemm {
-  static constexpr index_t gemm_tile = 512;  // 3 MiB of workspace; fewer, larger sgemm calls
+  using gemm_tuning = cpu_tuning<cpu_op::gemm>;
+  static constexpr index_t gemm_tile = gemm_tuning::tile;  // the widened path's blocks (tuning.hpp)
   // Floats of workspace a product with a 16-bit operand uses (three tiles), passed by the caller;
   // without one (or inside a parallel region) buffers of the calling thread's own serve instead.
-  static constexpr index_t gemm_workspace_floats = 3 * gemm_tile * gemm_tile;
+  static constexpr index_t gemm_workspace_floats = gemm_tuning::workspace_floats;
   template <class TA, class TB, class TC>
   static constexpr bool gemm_is_blas = std::is_same_v<TA, TB> && std::is_same_v<TA, TC> &&
                                        (std::is_same_v<TA, float> || std::is_same_v<TA, double>);
@@ -66,23 +68,22 @@ struct cpu_gemm {
 
   // The path products of two bf16 operands take in this program on this CPU, for run records.
   static std::string bf16_products() {
-    if (own_bf16_products())
-      return "etude's AVX512_BF16 kernels (bf16_pairs::gemm), float accumulation";
+    if (own_bf16_products()) return "etude's AVX512_BF16 kernels (tile_product::gemm), float accumulation";
 #ifdef ETUDE_CPU_GEMM_DNNL
     return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::bf16);
 #else
-    return cpu_detail::bf16_pairs::available()
+    return cpu_detail::tile_product::available()
                ? "fp32 sgemm on widened bf16 (etude's AVX512_BF16 kernels turned off, and built without oneDNN)"
                : "fp32 sgemm on widened bf16 (no AVX512_BF16 on this CPU, and built without oneDNN: link etude::dnnl)";
 #endif
   }
 
-  // Whether products of two bf16 operands run on etude's own kernels (bf16_pairs::gemm) in this
+  // Whether products of two bf16 operands run on etude's own kernels (tile_product::gemm) in this
   // process: the CPU has AVX512_BF16, and neither set_own_bf16_products(false) nor the environment
   // (ETUDE_BF16_GEMM=onednn or widen: for measuring one path against another) said no, nor does a
   // linked oneDNN multiply on AMX (ETUDE_BF16_GEMM=own insists). They need no oneDNN; elsewhere
   // bf16 products go to oneDNN where it is linked and native, else widen.
-  static bool own_bf16_products() { return cpu_detail::bf16_pairs::available() && own_enabled().load(); }
+  static bool own_bf16_products() { return cpu_detail::tile_product::available() && own_enabled().load(); }
   static void set_own_bf16_products(bool on) { own_enabled().store(on); }
 
   // Whether products of two bf16 operands run on the CPU's bf16 dot-product instructions in this
@@ -123,8 +124,8 @@ struct cpu_gemm {
       float* const ws = nested ? nullptr : workspace;
       if constexpr (gemm_is_bf16_dot<TA, TB, TC>) {
         if (own_bf16_products()) {
-          cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
-                                       static_cast<float>(beta), c, ldc, ws, workspace_bytes(ws));
+          cpu_detail::tile_product::gemm(trans_a, trans_b, m, n, k, static_cast<float>(alpha), a, lda, b, ldb,
+                                         static_cast<float>(beta), c, ldc, ws, workspace_bytes(ws));
           return;
         }
       }
@@ -180,7 +181,7 @@ struct cpu_gemm {
   // Whether gemm_gelu and gemm_gelu_bwd of bf16 run GELU as the epilogue of etude's bf16 kernels
   // in this process (else as a pass after the product).
   static bool gelu_epilogues() {
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
     return own_bf16_products() && cpu_detail::vmath512::available();
 #else
     return false;
@@ -194,13 +195,13 @@ struct cpu_gemm {
   static void gemm_then_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
                              const TB* b, index_t ldb, TC* c, std::conditional_t<Forward, TC*, const TC*> twin,
                              index_t ldc, float* workspace) {
-#ifdef ETUDE_VMATH512
+#ifdef ETUDE_CPU_X86_KERNELS
     if constexpr (gemm_is_bf16_dot<TA, TB, TC> && std::is_same_v<TC, bf16>) {
       if (gelu_epilogues()) {
         check_range(m, n, k, lda, ldb, ldc);
         const auto product = [&](const auto& post) {
-          cpu_detail::bf16_pairs::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, workspace,
-                                       workspace_bytes(workspace), post);
+          cpu_detail::tile_product::gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, workspace,
+                                         workspace_bytes(workspace), post);
         };
         if constexpr (Forward) product(cpu_detail::gelu_lookup::block_gelu{c, twin, cpu_elementwise::gelu_codes<bf16>()});
         else product(cpu_detail::gelu_lookup::block_gelu_slope{c, twin, cpu_elementwise::gelu_slopes<bf16>()});
@@ -252,12 +253,12 @@ struct cpu_gemm {
   // float tile (row stride cols).
   template <class T>
   static void widen_tile(float* dst, const T* src, index_t ld, index_t rows, index_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > 16384)
+#pragma omp parallel for schedule(static) if (rows * cols > gemm_tuning::widen_parallel_min)
     for (index_t r = 0; r < rows; ++r) {
       const T* s = src + r * ld;
       float* d = dst + r * cols;
 #pragma omp simd
-      for (index_t c = 0; c < cols; ++c) d[c] = cpu_detail::cv<float>(s[c]);
+      for (index_t c = 0; c < cols; ++c) d[c] = cpu_detail::convert<float>(s[c]);
     }
   }
 
@@ -300,7 +301,7 @@ struct cpu_gemm {
         }
         if constexpr (!std::is_same_v<TC, float>) {
           for (index_t r = 0; r < mi; ++r)
-            for (index_t q = 0; q < nj; ++q) c[(i0 + r) * ldc + j0 + q] = cpu_detail::cv<TC>(wc[r * nj + q]);
+            for (index_t q = 0; q < nj; ++q) c[(i0 + r) * ldc + j0 + q] = cpu_detail::convert<TC>(wc[r * nj + q]);
         }
       }
   }

@@ -30,7 +30,7 @@ struct cpu_kv_cache {
       const A* src = qkv + r * 3 * dim + dim;
       C* dst = cache + (b * max_steps + at + i) * 2 * dim;
 #pragma omp simd
-      for (index_t j = 0; j < 2 * dim; ++j) dst[j] = cpu_detail::cv<C>(src[j]);
+      for (index_t j = 0; j < 2 * dim; ++j) dst[j] = cpu_detail::convert<C>(src[j]);
     }
   }
 
@@ -39,9 +39,9 @@ struct cpu_kv_cache {
     return static_cast<index_t>(thread_count) * max_steps;
   }
 
-  template <int HeadDim, class A, class C, class F>
+  template <int HeadDim, class A, class C, class Compute>
   static void cached_attention(A* att, const A* qkv, const C* cache, index_t batch, index_t len, index_t max_steps,
-                               int heads, F* scratch, index_t scratch_size) {
+                               int heads, Compute* scratch, index_t scratch_size) {
     static_assert(HeadDim > 0, "cpu::cached_attention: the head dimension must be positive");
     if (len < 1 || len > max_steps)
       throw error("cpu::cached_attention: cache length " + std::to_string(len) + " outside 1 .. " +
@@ -52,39 +52,39 @@ struct cpu_kv_cache {
     const int slots = static_cast<int>(std::max<index_t>(1, std::min<index_t>(cpu_detail::threads(), scratch_size / max_steps)));
     constexpr index_t hd = HeadDim;
     const index_t d = static_cast<index_t>(heads) * hd;
-    const F scale = F(1.0) / std::sqrt(static_cast<F>(hd));
+    const Compute scale = Compute(1.0) / std::sqrt(static_cast<Compute>(hd));
 #pragma omp parallel for schedule(static) num_threads(slots) if (batch * heads * len > 4096)
     for (index_t bh = 0; bh < batch * heads; ++bh) {
       const index_t b = bh / heads, h = bh % heads;
-      F* p = scratch + static_cast<index_t>(omp_get_thread_num()) * max_steps;
+      Compute* p = scratch + static_cast<index_t>(omp_get_thread_num()) * max_steps;
       const A* q = qkv + b * 3 * d + h * hd;
       const C* rows = cache + b * max_steps * 2 * d;
-      F qf[hd];
-      for (index_t j = 0; j < hd; ++j) qf[j] = cpu_detail::cv<F>(q[j]);
-      F mx = -INFINITY;
+      Compute qf[hd];
+      for (index_t j = 0; j < hd; ++j) qf[j] = cpu_detail::convert<Compute>(q[j]);
+      Compute mx = -INFINITY;
       for (index_t s = 0; s < len; ++s) {
         const C* k = rows + s * 2 * d + h * hd;
-        F dot = F(0.0);
+        Compute dot = Compute(0.0);
 #pragma omp simd reduction(+ : dot)
-        for (index_t j = 0; j < hd; ++j) dot += qf[j] * cpu_detail::cv<F>(k[j]);
+        for (index_t j = 0; j < hd; ++j) dot += qf[j] * cpu_detail::convert<Compute>(k[j]);
         p[s] = dot * scale;
         mx = std::max(mx, p[s]);
       }
-      F sum = F(0.0);
+      Compute sum = Compute(0.0);
       for (index_t s = 0; s < len; ++s) {
         p[s] = cpu_detail::vexp(p[s] - mx);
         sum += p[s];
       }
-      const F inv = F(1.0) / sum;
-      F acc[hd] = {};
+      const Compute inv = Compute(1.0) / sum;
+      Compute acc[hd] = {};
       for (index_t s = 0; s < len; ++s) {
         const C* v = rows + s * 2 * d + d + h * hd;
-        const F w = p[s] * inv;
+        const Compute w = p[s] * inv;
 #pragma omp simd
-        for (index_t j = 0; j < hd; ++j) acc[j] += w * cpu_detail::cv<F>(v[j]);
+        for (index_t j = 0; j < hd; ++j) acc[j] += w * cpu_detail::convert<Compute>(v[j]);
       }
       A* out = att + b * d + h * hd;
-      for (index_t j = 0; j < hd; ++j) out[j] = cpu_detail::cv<A>(acc[j]);
+      for (index_t j = 0; j < hd; ++j) out[j] = cpu_detail::convert<A>(acc[j]);
     }
   }
 };

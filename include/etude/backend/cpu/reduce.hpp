@@ -34,7 +34,7 @@ struct cpu_reduce {
       const index_t i1 = std::min(n, (blk + 1) * block);
 #pragma omp simd reduction(+ : s)
       for (index_t i = blk * block; i < i1; ++i) {
-        const double v = cpu_detail::cv<cpu_detail::compute_of<T>>(x[i]);
+        const double v = cpu_detail::convert<cpu_detail::compute_of<T>>(x[i]);
         s += v * v;
       }
       partial[blk] = s;

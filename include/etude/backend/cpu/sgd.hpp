@@ -15,26 +15,27 @@
 namespace etude::backend {
 
 struct cpu_sgd {
-  template <class F>
+  template <class Compute>
   struct coefficients {
-    F lr, mu, wd, grad_scale;
+    Compute lr, mu, wd, grad_scale;
     bool nesterov, first_step;
     coefficients(const optim::sgd_scalars& sc, double gs)
-        : lr(static_cast<F>(sc.lr)), mu(static_cast<F>(sc.momentum)), wd(static_cast<F>(sc.weight_decay)),
-          grad_scale(static_cast<F>(gs)), nesterov(sc.nesterov != 0), first_step(sc.first != 0) {}
+        : lr(static_cast<Compute>(sc.lr)), mu(static_cast<Compute>(sc.momentum)),
+          wd(static_cast<Compute>(sc.weight_decay)), grad_scale(static_cast<Compute>(gs)), nesterov(sc.nesterov != 0),
+          first_step(sc.first != 0) {}
   };
   // What element i's update stores: the buffer in its dtype, the weight in the compute type.
-  template <class S, class F>
+  template <class S, class Compute>
   struct element {
     S buf;
-    F p;
+    Compute p;
   };
-  template <class M, class G, class S, class F>
-  static element<S, F> step_element(M p0, G g0, S buf0, const coefficients<F>& c) {
-    const F pi = cpu_detail::cv<F>(p0);
-    const F g = cpu_detail::cv<F>(g0) * c.grad_scale + c.wd * pi;
-    const S bs = cpu_detail::cv<S>(c.first_step ? g : c.mu * cpu_detail::cv<F>(buf0) + g);
-    const F b = cpu_detail::cv<F>(bs);
+  template <class M, class G, class S, class Compute>
+  static element<S, Compute> step_element(M p0, G g0, S buf0, const coefficients<Compute>& c) {
+    const Compute pi = cpu_detail::convert<Compute>(p0);
+    const Compute g = cpu_detail::convert<Compute>(g0) * c.grad_scale + c.wd * pi;
+    const S bs = cpu_detail::convert<S>(c.first_step ? g : c.mu * cpu_detail::convert<Compute>(buf0) + g);
+    const Compute b = cpu_detail::convert<Compute>(bs);
     return {bs, pi - c.lr * (c.nesterov ? g + c.mu * b : b)};
   }
 
@@ -46,41 +47,42 @@ struct cpu_sgd {
                          const double* grad_scale, const int* skip, P* working = nullptr,
                          optim::update_range* stored = nullptr) {
     if (*skip != 0) return;
-    using F = cpu_detail::compute_of<M>;
-    const coefficients<F> c(*sc, *grad_scale);
+    using Compute = cpu_detail::compute_of<M>;
+    const coefficients<Compute> c(*sc, *grad_scale);
     if (stored != nullptr) update_loop<true>(p, grad, buf, n, c, working, stored);
     else update_loop<false>(p, grad, buf, n, c, working, stored);
   }
-  template <bool Range, class M, class G, class S, class P, class F>
-  static void update_loop(M* p, const G* grad, S* buf, index_t n, const coefficients<F>& c, P* working,
+  template <bool Range, class M, class G, class S, class P, class Compute>
+  static void update_loop(M* p, const G* grad, S* buf, index_t n, const coefficients<Compute>& c, P* working,
                           optim::update_range* stored) {
-    F p_max = 0, b_max = 0, zero = 0;
+    Compute p_max = 0, b_max = 0, zero = 0;
 #pragma omp parallel for simd schedule(static) reduction(max : p_max, b_max) reduction(+ : zero)
     for (index_t i = 0; i < n; ++i) {
-      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
+      const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
       buf[i] = e.buf;
-      p[i] = cpu_detail::cv<M>(e.p);
-      if constexpr (!std::is_same_v<P, M>) working[i] = cpu_detail::cv<P>(e.p);
+      p[i] = cpu_detail::convert<M>(e.p);
+      if constexpr (!std::is_same_v<P, M>)
+        working[i] = cpu_detail::convert<P>(e.p);
       else if (working != nullptr) working[i] = p[i];
       if constexpr (Range) {
-        const F ps = cpu_detail::cv<F>(p[i]), bs = cpu_detail::cv<F>(e.buf);
-        zero += ps * F(0) + bs * F(0);
+        const Compute ps = cpu_detail::convert<Compute>(p[i]), bs = cpu_detail::convert<Compute>(e.buf);
+        zero += ps * Compute(0) + bs * Compute(0);
         p_max = std::max(p_max, std::fabs(ps));
         b_max = std::max(b_max, std::fabs(bs));
       }
     }
-    if constexpr (Range) *stored = {n > 0 && zero == F(0), p_max, {b_max, 0.0}, 0.0};
+    if constexpr (Range) *stored = {n > 0 && zero == Compute(0), p_max, {b_max, 0.0}, 0.0};
   }
 
   // Whether `last` and the gradients' sum of squares bound every value this update would store
   // below the check's limits (as cpu_adamw::within_range): |g| ≤ sqrt(Σ g²)·grad_scale + wd·|p|;
   // |buf'| ≤ μ·|buf| + |g| (|g| on the first update); |p'| ≤ |p| + lr·(|g| + μ·|buf'|) with
   // Nesterov, |p| + lr·|buf'| without. Conservative only.
-  template <class S, class F>
-  static bool within_range(const optim::update_range& last, const coefficients<F>& c, double sum_squares,
+  template <class S, class Compute>
+  static bool within_range(const optim::update_range& last, const coefficients<Compute>& c, double sum_squares,
                            double weight_limit) {
     constexpr double margin = 1.01;
-    constexpr double compute_limit = cpu_detail::update_limit<F>;
+    constexpr double compute_limit = cpu_detail::update_limit<Compute>;
     constexpr double state_limit = std::min(compute_limit, cpu_detail::update_limit<S>);
     if (!last.known) return false;
     const double lr = std::fabs(static_cast<double>(c.lr)), mu = std::fabs(static_cast<double>(c.mu));
@@ -98,30 +100,31 @@ struct cpu_sgd {
   static void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::sgd_scalars* sc,
                         step_decision* d, const P* working = nullptr, const optim::update_range* last = nullptr) {
     if (d->skip != 0) return;
-    using F = cpu_detail::compute_of<M>;
-    const coefficients<F> c(*sc, d->grad_scale);
+    using Compute = cpu_detail::compute_of<M>;
+    const coefficients<Compute> c(*sc, d->grad_scale);
     const bool check_working = working != nullptr && !std::is_same_v<P, M>;
     const double weight_limit = cpu_detail::weight_update_limit<M, P>(check_working);
     if (last != nullptr && within_range<S>(*last, c, d->sum_squares, weight_limit)) return;
     // first whether there is one: each stored value times 0 is 0 when finite and NaN when not, so
     // a sum in any order says it, in one vectorised reduction; then, only if so, which is first
-    F zero = 0;
+    Compute zero = 0;
 #pragma omp parallel for simd schedule(static) reduction(+ : zero)
     for (index_t i = 0; i < n; ++i) {
-      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
-      zero += cpu_detail::cv<F>(e.buf) * F(0) + cpu_detail::cv<F>(cpu_detail::cv<M>(e.p)) * F(0) +
-              (check_working ? cpu_detail::cv<F>(cpu_detail::cv<P>(e.p)) * F(0) : F(0));
+      const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
+      zero += cpu_detail::convert<Compute>(e.buf) * Compute(0) +
+              cpu_detail::convert<Compute>(cpu_detail::convert<M>(e.p)) * Compute(0) +
+              (check_working ? cpu_detail::convert<Compute>(cpu_detail::convert<P>(e.p)) * Compute(0) : Compute(0));
     }
-    if (zero == F(0)) return;
+    if (zero == Compute(0)) return;
     constexpr index_t none = std::numeric_limits<index_t>::max();
     index_t first = none;
 #pragma omp parallel for schedule(static) reduction(min : first)
     for (index_t i = 0; i < n; ++i) {
-      const element<S, F> e = step_element(p[i], grad[i], buf[i], c);
-      const int what = !cpu_detail::finite(e.buf)                                         ? update_value_state0
-                       : !cpu_detail::finite(cpu_detail::cv<M>(e.p))                      ? update_value_weight
-                       : check_working && !cpu_detail::finite(cpu_detail::cv<P>(e.p)) ? update_value_working
-                                                                                          : -1;
+      const element<S, Compute> e = step_element(p[i], grad[i], buf[i], c);
+      const int what = !cpu_detail::finite(e.buf)                                          ? update_value_state0
+                       : !cpu_detail::finite(cpu_detail::convert<M>(e.p))                  ? update_value_weight
+                       : check_working && !cpu_detail::finite(cpu_detail::convert<P>(e.p)) ? update_value_working
+                                                                                           : -1;
       if (what >= 0) first = std::min(first, update_value_key(i, what));
     }
     if (first != none) refuse_update(*d, first);

@@ -10,11 +10,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/detail/bf16_pairs.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/detail/vmath.hpp"
-#include "etude/backend/cpu/detail/vmath512.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
+#include "etude/backend/cpu/kernels/avx512_vmath.hpp"
 #include "etude/core/types.hpp"
 
 namespace etude::backend {
@@ -25,8 +25,8 @@ struct cpu_softmax_xent {
   template <class L, class W>
   static void softmax_xent(L* logits, const token_t* target, index_t rows, index_t card, const W* weight,
                            double* loss) {
-    using F = cpu_detail::compute_of<L>;
-    const auto w = static_cast<F>(*weight);
+    using Compute = cpu_detail::compute_of<L>;
+    const auto w = static_cast<Compute>(*weight);
     const bool fast = kernels<L> && cpu_detail::vmath512::available();
     double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
@@ -34,28 +34,28 @@ struct cpu_softmax_xent {
       L* row = logits + r * card;
       const token_t t = target[r];
       if (t < 0) {
-        if (w != F(0.0)) cpu_elementwise::fill_zero(row, card);
+        if (w != Compute(0.0)) cpu_elementwise::fill_zero(row, card);
         continue;
       }
-      F mx = cpu_detail::cv<F>(row[0]);
+      Compute mx = cpu_detail::convert<Compute>(row[0]);
 #pragma omp simd reduction(max : mx)
-      for (index_t j = 0; j < card; ++j) mx = std::max(mx, cpu_detail::cv<F>(row[j]));
-      const F target_logit = cpu_detail::cv<F>(row[t]);
-      F sum = F(0.0);
-      if (w != F(0.0)) {
+      for (index_t j = 0; j < card; ++j) mx = std::max(mx, cpu_detail::convert<Compute>(row[j]));
+      const Compute target_logit = cpu_detail::convert<Compute>(row[t]);
+      Compute sum = Compute(0.0);
+      if (w != Compute(0.0)) {
         // e^(x−max) kept (float logits in place), one exponential per logit; the gradient is a
         // product, w·e/sum, and the one-hot term joins the probability before it is stored
-        F* e = exponentials<L>(row, card);
+        Compute* e = exponentials<L>(row, card);
         sum = exp_sum(row, e, card, mx, fast);
         total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
-        const F scale = w / sum;
-        const F target_gradient = e[t] * scale - w;
+        const Compute scale = w / sum;
+        const Compute target_gradient = e[t] * scale - w;
         gradients(row, e, card, scale);
-        row[t] = cpu_detail::cv<L>(target_gradient);
+        row[t] = cpu_detail::convert<L>(target_gradient);
         continue;
       }
       // the loss alone, the same bits as the training pass's (evaluation equals training's loss)
-      sum = exp_sum(row, static_cast<F*>(nullptr), card, mx, fast);
+      sum = exp_sum(row, static_cast<Compute*>(nullptr), card, mx, fast);
       total += static_cast<double>(mx + std::log(sum)) - static_cast<double>(target_logit);
     }
     *loss += total;
@@ -69,18 +69,18 @@ struct cpu_softmax_xent {
   static constexpr bool kernels = std::is_same_v<L, float> || std::is_same_v<L, bf16>;
 
   // e[j] = e^(row[j] − mx) (e null: not kept); returns their sum, the same bits either way.
-  template <class L, class F>
-  static F exp_sum(const L* row, F* e, index_t card, F mx, bool fast) {
+  template <class L, class Compute>
+  static Compute exp_sum(const L* row, Compute* e, index_t card, Compute mx, bool fast) {
     if constexpr (kernels<L>)
       if (fast) return cpu_detail::vmath512::exp_sum(row, e, card, mx);
-    F sum = F(0.0);
+    Compute sum = Compute(0.0);
     if (e == nullptr) {
 #pragma omp simd reduction(+ : sum)
-      for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+      for (index_t j = 0; j < card; ++j) sum += cpu_detail::vexp(cpu_detail::convert<Compute>(row[j]) - mx);
     } else {
 #pragma omp simd reduction(+ : sum)
       for (index_t j = 0; j < card; ++j) {
-        e[j] = cpu_detail::vexp(cpu_detail::cv<F>(row[j]) - mx);
+        e[j] = cpu_detail::vexp(cpu_detail::convert<Compute>(row[j]) - mx);
         sum += e[j];
       }
     }
@@ -88,20 +88,20 @@ struct cpu_softmax_xent {
   }
 
   // row[j] = e[j]·scale, rounded once to the logits' type; bf16 two vectors at a time where the
-  // CPU has AVX512_BF16 (bf16_pairs::kernel::round_row: the same bits, half the rounding's
+  // CPU has AVX512_BF16 (tile_product::kernel::round_row: the same bits, half the rounding's
   // instructions).
-  template <class L, class F>
-  static void gradients(L* row, const F* e, index_t card, F scale) {
-#ifdef ETUDE_BF16_PAIRS
+  template <class L, class Compute>
+  static void gradients(L* row, const Compute* e, index_t card, Compute scale) {
+#ifdef ETUDE_CPU_X86_KERNELS
     if constexpr (std::is_same_v<L, bf16>) {
-      if (cpu_detail::bf16_pairs::available()) {
-        cpu_detail::bf16_pairs::kernel::round_row(row, e, card, scale);
+      if (cpu_detail::tile_product::available()) {
+        cpu_detail::tile_product::kernel::round_row(row, e, card, scale);
         return;
       }
     }
 #endif
 #pragma omp simd
-    for (index_t j = 0; j < card; ++j) row[j] = cpu_detail::cv<L>(e[j] * scale);
+    for (index_t j = 0; j < card; ++j) row[j] = cpu_detail::convert<L>(e[j] * scale);
   }
 
   // Where a row's e^(x−max) wait: float logits in place; 16-bit ones in a row of floats the

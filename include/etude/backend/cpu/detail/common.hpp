@@ -9,6 +9,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "etude/backend/cpu/kernels/flavour.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
@@ -20,7 +22,7 @@ using compute_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Load/store conversions; identity when the types agree, RNE when narrowing to 16 bits.
 template <class To, class From>
-inline To cv(From x) {
+inline To convert(From x) {
   if constexpr (std::is_same_v<To, From>) return x;
   else if constexpr (is_reduced_precision_v<From>) return static_cast<To>(static_cast<float>(x));
   else if constexpr (is_reduced_precision_v<To>) return To(static_cast<float>(x));
@@ -28,7 +30,7 @@ inline To cv(From x) {
 }
 template <class T>
 inline bool finite(T x) {
-  return std::isfinite(static_cast<compute_of<T>>(cv<compute_of<T>>(x)));
+  return std::isfinite(static_cast<compute_of<T>>(convert<compute_of<T>>(x)));
 }
 
 inline int threads() { return omp_get_max_threads(); }
@@ -44,11 +46,8 @@ inline double weight_update_limit(bool check_working) {
   return check_working ? std::min(update_limit<M>, update_limit<P>) : update_limit<M>;
 }
 
-// Elements below which a loop of independent rows or elements runs on one thread: opening an
-// OpenMP region costs microseconds, and on a busy machine a passive thread waits a scheduler slice,
-// which a generation step's one-row ops pay hundreds of times. The work itself (and so every result)
-// is the same on any thread count.
-inline constexpr index_t parallel_min = 16384;
+// Elements below which a loop of independent rows or elements runs on one thread (tuning.hpp).
+inline constexpr index_t parallel_min = cpu_tuning<cpu_op::loops>::parallel_min;
 
 // Row-major C(m, n) = alpha·op(A)·op(B) + beta·C through CBLAS, in float or double. The caller
 // has checked the dimensions against CBLAS's 32-bit range.

@@ -15,7 +15,7 @@
 //
 // The instructions flush bf16 subnormals (below 2^-126) to zero and round each addition to float;
 // the order of additions is fixed by the shape, so a result is the same bits on every call.
-// available() says whether this CPU has them (checked once: AVX512_BF16 with AVX-512 F, BW, VL and
+// available() says whether this CPU has them (checked once: AVX512_BF16 with AVX-512 Compute, BW, VL and
 // DQ, which every CPU with AVX512_BF16 has); callers keep another path for CPUs without.
 #pragma once
 
@@ -24,18 +24,13 @@
 #include <cstring>
 #include <type_traits>
 
-#include "etude/backend/cpu/detail/vmath512.hpp"
+#include "etude/backend/cpu/kernels/avx512_vmath.hpp"
+#include "etude/backend/cpu/kernels/isa.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#include <immintrin.h>
-#define ETUDE_BF16_PAIRS 1
-#define ETUDE_BF16_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#endif
-
-namespace etude::backend::cpu_detail::bf16_pairs {
+namespace etude::backend::cpu_detail::tile_product {
 
 using word = std::uint32_t;
 
@@ -70,23 +65,15 @@ struct causal {
 
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
 
-#ifdef ETUDE_BF16_PAIRS
+#ifdef ETUDE_CPU_X86_KERNELS
 
-inline bool available() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
-  }();
-  return has;
-}
+inline bool available() { return isa::avx512_bf16(); }
 
 namespace kernel {
 
 // The 16 × 16 words of x transposed in place: pairs of rows interleaved by 32 and by 64 bits within
 // each 128-bit lane, then the lanes of four registers transposed as 4 × 4 blocks (64 shuffles).
-ETUDE_BF16_PAIRS_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
   // all-lanes masked forms: GCC 12's unmasked shuffles start from an "undefined" register
   constexpr __mmask16 all = 0xFFFF;
   constexpr __mmask8 all64 = 0xFF;
@@ -118,9 +105,9 @@ ETUDE_BF16_PAIRS_TARGET inline void transpose_16x16(__m512i (&x)[16]) {
 }
 
 // dst word (q, r) = the word at src + r·ld + 2q, for r < rows and q < pairs: blocks of 16 rows
-// × 16 words transposed in registers (1.8 → 0.5 cycles a word against a gather per 16 rows).
-ETUDE_BF16_PAIRS_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
-                                                    index_t pairs) {
+// × 16 words transposed in registers (fewer cycles a word than a gather per 16 rows).
+ETUDE_CPU_AVX512_BF16_TARGET inline void transpose_pairs(word* dst, index_t ldd, const bf16* src, index_t ld,
+                                                         index_t rows, index_t pairs) {
   for (index_t q = 0; q < pairs; q += lanes) {
     const __mmask16 w = vmath512::valid(q, pairs);
     for (index_t r = 0; r < rows; r += lanes) {
@@ -141,8 +128,8 @@ ETUDE_BF16_PAIRS_TARGET inline void transpose_pairs(word* dst, index_t ldd, cons
 
 // dst word (r/2, c) = rows r and r+1 of column c (a zero for a missing last row), for c up to
 // padded(cols) (zeros past cols): two rows of 32 bf16 interleaved by two vpermt2w into 32 words.
-ETUDE_BF16_PAIRS_TARGET inline void interleave_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows,
-                                                    index_t cols) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void interleave_rows(word* dst, index_t ldd, const bf16* src, index_t ld,
+                                                         index_t rows, index_t cols) {
   alignas(64) static constexpr std::uint16_t low[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static constexpr std::uint16_t high[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
@@ -173,12 +160,12 @@ inline word load_word(const word* p) {
 using vmath512::round_to_bf16;
 
 // o[0..16) under mask m = alpha·x + beta·o, o float or bf16 (widened, then rounded once).
-ETUDE_BF16_PAIRS_TARGET inline void store(float* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void store(float* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
   x = _mm512_mul_ps(x, va);
   if (beta != 0.0f) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, o), vb, x);
   _mm512_mask_storeu_ps(o, m, x);
 }
-ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512 va, float beta, __m512 vb) {
   x = _mm512_mul_ps(x, va);
   if (beta != 0.0f) {
     const __m512i old = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, o));
@@ -191,10 +178,11 @@ ETUDE_BF16_PAIRS_TARGET inline void store(bf16* o, __mmask16 m, __m512 x, __m512
 // as bf16(float) does (to nearest even, NaN quietened) but reads subnormal floats as zero, so two
 // vectors holding one go through round_to_bf16 instead. Half the rounding's instructions, in the
 // kernels' bf16 stores (store_pair) and in attention's and the heads' bf16 rows (score_rows::paired).
-// A subnormal is found by vfpclassps (class 0x20), one instruction a vector: against two mask
-// tests a vector, attention's forward score rows took 0.67 → 0.62 cycles of the time-stamp
-// counter a score (a 1024-key row, alone).
-ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
+// A subnormal is found by vfpclassps (class 0x20), one instruction a vector (fewer than two mask
+// tests): attention's forward bf16 score rows take 0.62 cycles of the time-stamp counter a score
+// (1024-key rows, a 2-core AVX512_BF16 CPU, model not recorded: `build/bench/cpu_kernels --kernel
+// score_rows_bf16_avx512`).
+ETUDE_CPU_AVX512_BF16_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
   constexpr int subnormal = 0x20;
   const __mmask16 sub0 = _mm512_fpclass_ps_mask(x0, subnormal), sub1 = _mm512_fpclass_ps_mask(x1, subnormal);
   if ((sub0 | sub1) != 0)
@@ -203,17 +191,19 @@ ETUDE_BF16_PAIRS_TARGET inline __m512i round_two(__m512 x0, __m512 x1) {
 }
 
 // o[0..32) = x0, x1 rounded to bf16 (round_two). A short reduction feels the rounding: tiny bf16's
-// forward projections and heads (K = 256, bf16 out) 41.3–43.7 → 38.6–39.9 ms a step, 5% faster
-// alone (402 → 421 GFLOP/s); small's (K = 512) did not measurably change.
-ETUDE_BF16_PAIRS_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
+// forward projections (K = 256, bf16 out) run at 421 GFLOP/s (a 2-core AVX512_BF16 CPU, model not recorded, 2 threads:
+// `build/bench/cpu_kernels --kernel gemm_bf16_avx512 --m 2048 --n 768 --k 256`), 5% faster than
+// with a rounding a vector at a time; small's (K = 512) did not measurably change.
+ETUDE_CPU_AVX512_BF16_TARGET inline void store_pair(bf16* o, __m512 x0, __m512 x1) {
   _mm512_storeu_si512(o, round_two(x0, x1));
 }
 
 // o[j] = bf16(f[j]·scale) for j < n: two vectors at a time by round_two, a masked tail by
 // round_to_bf16 (bf16(float)'s bits either way; ·1 changes no value). The rows of floats the CPU
 // rounds to bf16 outside the kernels: the heads' gradients (softmax_xent) and attention's heads
-// (narrow_head, at T = 256 3% of tiny's bf16 attention as a loop of elements).
-ETUDE_BF16_PAIRS_TARGET inline void round_row(bf16* o, const float* f, index_t n, float scale) {
+// (narrow_head; as a loop of elements it was 3% of tiny's bf16 attention at T = 256). Compare
+// `build/bench/cpu_kernels --kernel round_bf16_avx512` and `--kernel round_bf16_portable`.
+ETUDE_CPU_AVX512_BF16_TARGET inline void round_row(bf16* o, const float* f, index_t n, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
   index_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes)
@@ -227,9 +217,9 @@ ETUDE_BF16_PAIRS_TARGET inline void round_row(bf16* o, const float* f, index_t n
 // Rows × (16·V) outputs in registers; `last` masks the final vector's columns. W is a word of bf16
 // pairs (vdpbf16ps) or a float (vfmadd231ps): `words` steps of the reduction either way.
 template <int Rows, int V, class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void tile(index_t words, const W* a, index_t a_row, index_t a_pair, const W* b,
-                                         index_t ldb, float alpha, float beta, TC* c, index_t ldc,
-                                         __mmask16 last) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void tile(index_t words, const W* a, index_t a_row, index_t a_pair, const W* b,
+                                              index_t ldb, float alpha, float beta, TC* c, index_t ldc,
+                                              __mmask16 last) {
   __m512 acc[Rows][V];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
@@ -279,9 +269,9 @@ inline constexpr int tile_vectors = 4;
 
 // Rows [i, i + Rows) over the words of the reduction `shape` leaves them.
 template <int Rows, int V, class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t words, const W* a, index_t a_row, index_t a_pair,
-                                                const W* b, index_t ldb, float alpha, float beta, TC* c, index_t ldc,
-                                                __mmask16 last, causal shape) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void shaped_tile(index_t i, index_t words, const W* a, index_t a_row,
+                                                     index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
+                                                     TC* c, index_t ldc, __mmask16 last, causal shape) {
   constexpr index_t per = std::is_same_v<W, float> ? 1 : 2;
   const index_t p0 = shape.first_word(i, per), p1 = std::max(p0, shape.end_word(i, Rows, words, per));
   tile<Rows, V>(p1 - p0, a + i * a_row + p0 * a_pair, a_row, a_pair, b + p0 * ldb, ldb, alpha, beta, c + i * ldc, ldc,
@@ -289,32 +279,51 @@ ETUDE_BF16_PAIRS_TARGET inline void shaped_tile(index_t i, index_t words, const 
 }
 
 template <int V, class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void column_panel(index_t m, index_t words, const W* a, index_t a_row,
-                                                 index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
-                                                 TC* c, index_t ldc, __mmask16 last, causal shape) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void column_panel(index_t m, index_t words, const W* a, index_t a_row,
+                                                      index_t a_pair, const W* b, index_t ldb, float alpha, float beta,
+                                                      TC* c, index_t ldc, __mmask16 last, causal shape) {
   index_t i = 0;
   for (; i + tile_rows <= m; i += tile_rows)
     shaped_tile<tile_rows, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
   switch (m - i) {
-    case 5: shaped_tile<5, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 4: shaped_tile<4, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: shaped_tile<3, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: shaped_tile<2, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 1: shaped_tile<1, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    default: break;
+    case 5:
+      shaped_tile<5, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 4:
+      shaped_tile<4, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 3:
+      shaped_tile<3, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 2:
+      shaped_tile<2, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 1:
+      shaped_tile<1, V>(i, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    default:
+      break;
   }
 }
 
 // Rows [0, m) of one panel of `vectors` vectors of 16 columns.
 template <class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t words, const W* a, index_t a_row,
-                                          index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
-                                          index_t ldc, __mmask16 last, causal shape) {
+ETUDE_CPU_AVX512_BF16_TARGET inline void panel(int vectors, index_t m, index_t words, const W* a, index_t a_row,
+                                               index_t a_pair, const W* b, index_t ldb, float alpha, float beta, TC* c,
+                                               index_t ldc, __mmask16 last, causal shape) {
   switch (vectors) {
-    case 4: column_panel<4>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 3: column_panel<3>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    case 2: column_panel<2>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
-    default: column_panel<1>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape); break;
+    case 4:
+      column_panel<4>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 3:
+      column_panel<3>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    case 2:
+      column_panel<2>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
+    default:
+      column_panel<1>(m, words, a, a_row, a_pair, b, ldb, alpha, beta, c, ldc, last, shape);
+      break;
   }
 }
 
@@ -325,10 +334,11 @@ ETUDE_BF16_PAIRS_TARGET inline void panel(int vectors, index_t m, index_t words,
 // are bf16 pairs, or floats (A and B in float, each output one chain of fused multiply-adds in the
 // reduction's order). `shape` says what a causal operand leaves out (above). Requires available().
 template <class W, class TC>
-ETUDE_BF16_PAIRS_TARGET inline void product(index_t m, index_t n, index_t words, float alpha, const W* a,
-                                            index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
-                                            TC* c, index_t ldc, causal shape = {}) {
-  static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>, "bf16_pairs::product multiplies pairs or floats");
+ETUDE_CPU_AVX512_BF16_TARGET inline void product(index_t m, index_t n, index_t words, float alpha, const W* a,
+                                                 index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
+                                                 TC* c, index_t ldc, causal shape = {}) {
+  static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>,
+                "tile_product::product multiplies pairs or floats");
   constexpr index_t width = kernel::tile_vectors * lanes;
   for (index_t j = 0; j < n; j += width) {
     const index_t cols = std::min(width, n - j);
@@ -359,23 +369,13 @@ inline bool available() { return false; }
 template <class W, class TC>
 void product(index_t, index_t, index_t, float, const W*, index_t, index_t, const W*, index_t, float, TC*, index_t,
              causal = {}) {
-  throw error("cpu bf16_pairs::product: built for a CPU without AVX512_BF16; check available() first");
+  throw error("cpu tile_product::product: built for a CPU without AVX512_BF16; check available() first");
 }
 
 #endif
 
-// B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
-// dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words. By vpermt2w where
-// the CPU has it: a weight gradient's activations are paired so in blocks of 85–96 columns, whose
-// scalar remainders made the element loop 1.25 cycles of the time-stamp counter a word from cold
-// caches (0.46 warm; 85 columns of a 1024-wide matrix); the permutes take 0.80 and 0.37.
-inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
-#ifdef ETUDE_BF16_PAIRS
-  if (available()) {
-    kernel::interleave_rows(dst, ldd, src, ld, rows, cols);
-    return;
-  }
-#endif
+// pack_rows (below) as the portable loop, on any CPU.
+inline void pack_rows_portable(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
   const bf16 zero = bf16::from_bits(0);
   for (index_t r = 0; r < rows; r += 2) {
     const bf16* s0 = src + r * ld;
@@ -392,22 +392,29 @@ inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index
   }
 }
 
-// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
-// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
-// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
-// A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
-// in blocks of 16 × 16 in registers where the CPU has them (the scalar loop below took 10% of a
-// 2048×512×2048 product whose B is a weight multiplied transposed).
-inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
-  const bf16 zero = bf16::from_bits(0);
-  index_t c = 0;
-#ifdef ETUDE_BF16_PAIRS
-  if (available() && cols >= 2) {
-    kernel::transpose_pairs(dst, ldd, src, ld, rows, cols / 2);
-    for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
+// B from a row-major (rows × cols) bf16 matrix multiplied from the left (reduction over its rows):
+// dst word (r/2, c) holds rows r and r+1 of column c; ldd ≥ padded(cols) words. By vpermt2w where
+// the CPU has it (kernel::interleave_rows): a weight gradient's activations are paired so in blocks
+// of 85–96 columns, whose scalar remainders slow the element loop from cold caches. The permutes
+// take 0.80 cycles of the time-stamp counter a word from cold caches and 0.37 warm (85 columns of a
+// 1024-wide matrix; the element loop 1.25 and 0.46), on a 2-core AVX512_BF16 CPU, model not
+// recorded: `build/bench/cpu_kernels --kernel pack_rows_avx512` against `--kernel pack_rows_portable`
+// (warm; --cold for cold caches).
+inline void pack_rows(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+#ifdef ETUDE_CPU_X86_KERNELS
+  if (available()) {
+    kernel::interleave_rows(dst, ldd, src, ld, rows, cols);
+    return;
   }
 #endif
-  for (; c < cols; c += 2) {
+  pack_rows_portable(dst, ldd, src, ld, rows, cols);
+}
+
+// pack_columns (below) as the portable loop, on any CPU, from column `first` (even) on.
+inline void pack_columns_portable(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols,
+                                  index_t first = 0) {
+  const bf16 zero = bf16::from_bits(0);
+  for (index_t c = first; c < cols; c += 2) {
     word* d = dst + (c / 2) * ldd;
     const bf16* s = src + c;
     if (c + 1 < cols) {
@@ -421,4 +428,22 @@ inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, in
   }
 }
 
-}  // namespace etude::backend::cpu_detail::bf16_pairs
+// B from a row-major (rows × cols) bf16 matrix multiplied transposed (reduction over its columns):
+// dst word (c/2, r) holds columns c and c+1 of row r (an odd last column with a zero); ldd ≥
+// padded(rows). The same layout read with a_row = 1, a_pair = ldd is a row-major A paired.
+// A word is two neighbours of a row as they lie in memory, so this is a transpose of 32-bit words:
+// in blocks of 16 × 16 in registers where the CPU has them (kernel::transpose_pairs; the element
+// loop was a tenth of a 2048×512×2048 product whose B is a weight multiplied transposed). Compare
+// `build/bench/cpu_kernels --kernel pack_columns_avx512` and `--kernel pack_columns_portable`.
+inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, index_t rows, index_t cols) {
+  index_t c = 0;
+#ifdef ETUDE_CPU_X86_KERNELS
+  if (available() && cols >= 2) {
+    kernel::transpose_pairs(dst, ldd, src, ld, rows, cols / 2);
+    for (; c + 1 < cols; c += 2) std::fill(dst + (c / 2) * ldd + rows, dst + (c / 2) * ldd + padded(rows), word(0));
+  }
+#endif
+  pack_columns_portable(dst, ldd, src, ld, rows, cols, c);
+}
+
+}  // namespace etude::backend::cpu_detail::tile_product

@@ -1,4 +1,4 @@
-// A whole bf16 matrix product on etude's own AVX512_BF16 kernels (bf16_pairs.hpp): the products a
+// A whole bf16 matrix product on etude's own AVX512_BF16 kernels (avx512_tile_product.hpp): the products a
 // bf16 step makes outside self-attention (projections, FFN, heads and their backward, cross-
 // attention's blocks).
 //
@@ -11,8 +11,10 @@
 // reduction) op(A) is paired too. A bf16 C is rounded once, from float, as bf16(float) rounds.
 //
 // Against oneDNN's bf16 matmul, which also packs B on every call, on small's and tiny's step
-// shapes with 2 threads (bench notes in the README): the same speed alone (0.95–1.16×), and
-// 2–5% faster over a step, with no library needed.
+// shapes with 2 threads (a 2-core AVX512_BF16 CPU, model not recorded): 0.95–1.16× its speed alone
+// (`build/bench/cpu_kernels --kernel gemm_bf16_avx512` against `--kernel gemm_bf16_onednn`, with
+// each shape's --m --n --k), and 2–5% faster over a step (`build/bench/step_bench tiny
+// --precision bf16`, and with ETUDE_BF16_GEMM=onednn), with no library needed.
 #pragma once
 
 #include <omp.h>
@@ -22,18 +24,22 @@
 #include <type_traits>
 #include <vector>
 
-#include "etude/backend/cpu/detail/bf16_pairs.hpp"
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
+#include "etude/backend/cpu/tuning.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
-namespace etude::backend::cpu_detail::bf16_pairs {
+namespace etude::backend::cpu_detail::tile_product {
 
-inline constexpr index_t panel_columns = 64;  // the kernel's 4 vectors of 16 floats
-inline constexpr index_t block_rows = 96;     // rows of A a thread takes at a time: 16 tiles of 6
+inline constexpr index_t panel_columns = 64;                                  // the kernel's 4 vectors of 16 floats
+using gemm_tuning = cpu_tuning<cpu_op::gemm, bf16, 0, cpu_isa::avx512_bf16>;  // tuning.hpp
+inline constexpr index_t block_rows = gemm_tuning::block_rows;                // rows of A a thread takes at a time
 // The panel-by-panel schedule streams all of op(A) once per panel: worth it while A stays in cache
-// (small's FFN down-projection weight gradient, A 2 MiB: 0.87 → 1.04× oneDNN), not for a 2048²
-// product (8 MiB), which B packed in passes serves as well (0.93× either way).
-inline constexpr index_t panelwise_a_bytes = index_t{4} << 20;
+// (small's FFN down-projection weight gradient, A 2 MiB: 1.04× oneDNN's speed, `--m 512 --n 2048
+// --k 2048 --trans-a` on the commands above), not for a 2048² product (8 MiB: `--m 2048 --n 2048
+// --k 2048 --trans-a`), which B packed in passes serves as well (0.93× either way); on a 2-core
+// AVX512_BF16 CPU, model not recorded.
+inline constexpr index_t panelwise_a_bytes = gemm_tuning::panelwise_a_bytes;
 
 namespace gemm_detail {
 
@@ -47,15 +53,19 @@ struct a_words {
 // Panel j of op(B) (k × n) as pairs × 64 words: B stored (k, n), or (n, k) multiplied transposed.
 inline void pack_panel(word* dst, bool trans_b, const bf16* b, index_t ldb, index_t k, index_t n, index_t j) {
   const index_t cols = std::min(panel_columns, n - j);
-  if (trans_b) pack_columns(dst, panel_columns, b + j * ldb, ldb, cols, k);
-  else pack_rows(dst, panel_columns, b + j, ldb, k, cols);
+  if (trans_b)
+    pack_columns(dst, panel_columns, b + j * ldb, ldb, cols, k);
+  else
+    pack_rows(dst, panel_columns, b + j, ldb, k, cols);
 }
 
 // Rows [i0, i0 + rows) of op(A) paired into dst as (k+1)/2 rows of ld ≥ padded(rows) words.
 inline a_words pair_rows_of_a(word* dst, index_t ld, bool trans_a, const bf16* a, index_t lda, index_t k, index_t i0,
                               index_t rows) {
-  if (trans_a) pack_rows(dst, ld, a + i0, lda, k, rows);  // stored (k, m): its rows are op(A)'s columns
-  else pack_columns(dst, ld, a + i0 * lda, lda, rows, k);
+  if (trans_a)
+    pack_rows(dst, ld, a + i0, lda, k, rows);  // stored (k, m): its rows are op(A)'s columns
+  else
+    pack_columns(dst, ld, a + i0 * lda, lda, rows, k);
   return {dst, 1, ld};
 }
 
@@ -93,7 +103,7 @@ template <class TC, class Post = no_post>
 void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const bf16* a, index_t lda,
           const bf16* b, index_t ldb, float beta, TC* c, index_t ldc, void* workspace, std::size_t workspace_bytes,
           const Post& post = {}) {
-  static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>, "bf16_pairs::gemm writes float or bf16");
+  static_assert(std::is_same_v<TC, float> || std::is_same_v<TC, bf16>, "tile_product::gemm writes float or bf16");
   using gemm_detail::a_words;
   if (m <= 0 || n <= 0) return;
   const index_t pairs = (k + 1) / 2;
@@ -180,4 +190,4 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   }
 }
 
-}  // namespace etude::backend::cpu_detail::bf16_pairs
+}  // namespace etude::backend::cpu_detail::tile_product

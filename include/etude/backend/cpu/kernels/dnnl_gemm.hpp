@@ -6,14 +6,15 @@
 //     emulates them and is slower than widening to sgemm, so cpu_gemm widens instead.
 //   f32: float operands and result, in place of OpenBLAS's sgemm where oneDNN picks a brgemm
 //     kernel for the CPU (oneDNN 2.6: AVX-512 and later; on AVX2 it picks gemm:jit, and OpenBLAS
-//     keeps the products). Measured on 2 AVX-512 cores it was faster on every product a step
-//     makes: 210 vs 198 GFLOP/s on small's projections, 189-207 vs 142-160 on tiny's FFN, and
-//     single-threaded on attention's 64-row blocks 104-115 vs 89-96.
+//     keeps the products). On 2 AVX-512 cores (a 2-core AVX512_BF16 CPU, model not recorded) it was faster on every
+//     product a step makes: 210 vs 198 GFLOP/s on small's projections, 189-207 vs 142-160 on
+//     tiny's FFN (`build/bench/cpu_kernels --kernel gemm_f32_onednn` against `--kernel
+//     gemm_f32_blas`, with each shape's --m --n --k), and single-threaded on attention's 64-row
+//     blocks 104-115 vs 89-96 (`--kernel head_scores_f32_dense`, and with ETUDE_FP32_GEMM=openblas).
 // Any strides; a transposed operand is the same memory read by swapped strides.
 #pragma once
 
 #include <omp.h>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include <atomic>
 #include <bit>
@@ -22,10 +23,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "etude/backend/cpu/kernels/flavour.hpp"
 #include "etude/core/error.hpp"
 #include "etude/core/types.hpp"
 
@@ -52,13 +55,13 @@ class dnnl_gemm {
   // What a run record names: the path products of this operand type take here, and why.
   std::string describe(dnnl_operands o) const {
     const auto v = dnnl::version();
-    const std::string lib = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                            std::to_string(v->patch);
+    const std::string lib =
+        "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
     const kind& k = path(o);
     const std::string other = o == dnnl_operands::bf16 ? "fp32 sgemm on widened bf16" : "OpenBLAS sgemm";
     if (!k.usable)
-      return other + " (" + lib + (o == dnnl_operands::bf16 ? " has no native bf16 matmul here: "
-                                                            : " has no brgemm f32 matmul here: ") +
+      return other + " (" + lib +
+             (o == dnnl_operands::bf16 ? " has no native bf16 matmul here: " : " has no brgemm f32 matmul here: ") +
              k.probe + ")";
     if (!k.enabled) return other + " (" + lib + " " + k.probe + " turned off)";
     return lib + " matmul, " + k.probe + ", float accumulation";
@@ -81,7 +84,18 @@ class dnnl_gemm {
     // team size is part of the key, and this thread's size (a per-thread setting) is 1 meanwhile.
     const bool nested = omp_in_parallel() != 0;
     const int team = nested ? 1 : omp_get_max_threads();
-    const key kk{o, trans_a, trans_b, c_bf16, team, m, n, k, lda, ldb, ldc, std::bit_cast<std::uint32_t>(alpha),
+    const key kk{o,
+                 trans_a,
+                 trans_b,
+                 c_bf16,
+                 team,
+                 m,
+                 n,
+                 k,
+                 lda,
+                 ldb,
+                 ldc,
+                 std::bit_cast<std::uint32_t>(alpha),
                  std::bit_cast<std::uint32_t>(beta)};
     struct one_thread {
       int keep;
@@ -150,8 +164,7 @@ class dnnl_gemm {
   struct key_hash {
     std::size_t operator()(const key& q) const {
       std::size_t h = static_cast<std::size_t>(q.trans_a) | static_cast<std::size_t>(q.trans_b) << 1 |
-                      static_cast<std::size_t>(q.c_bf16) << 2 |
-                      static_cast<std::size_t>(q.operands) << 3;
+                      static_cast<std::size_t>(q.c_bf16) << 2 | static_cast<std::size_t>(q.operands) << 3;
       for (const auto v : {index_t(q.team), q.m, q.n, q.k, q.lda, q.ldb, q.ldc, index_t(q.alpha), index_t(q.beta)})
         h = (h ^ static_cast<std::size_t>(v)) * 0x100000001b3ull;
       return h;
@@ -207,8 +220,8 @@ class dnnl_gemm {
     const dt in = q.operands == dnnl_operands::bf16 ? dt::bf16 : dt::f32;
     return {dnnl::memory::desc({q.m, q.k}, in, q.trans_a ? dims{1, q.lda} : dims{q.lda, 1}),
             dnnl::memory::desc({q.k, q.n}, in, q.trans_b ? dims{1, q.ldb} : dims{q.ldb, 1}),
-            dnnl::memory::desc({q.m, q.n}, q.c_bf16 ? dt::bf16 : dt::f32, dims{q.ldc, 1}),
-            dnnl::memory::desc{}, dnnl::matmul{}};
+            dnnl::memory::desc({q.m, q.n}, q.c_bf16 ? dt::bf16 : dt::f32, dims{q.ldc, 1}), dnnl::memory::desc{},
+            dnnl::matmul{}};
   }
 
   dnnl::matmul::primitive_desc primitive(const key& q, const entry& d) const {
