@@ -107,7 +107,7 @@ void gemm_bench(const char* tag, index_t rows, index_t dim) {
   auto w = random<T>(f * dim, 4);
   cu::device_buffer<T> y(rows * f);
   cu::device_buffer<float> gw(f * dim);
-  cu::fill_zero(gw.data(), gw.size());
+  be::fill_zero(gw.data(), gw.size());
   struct prod {
     const char* name;
     bool ta, tb;
@@ -137,9 +137,9 @@ void memory_bench(const char* tag, index_t rows, index_t dim, index_t card, int 
   auto gamma = random<T>(dim, 8, 0.5f, 1.5f), beta = random<T>(dim, 9);
   cu::device_buffer<T> y(rows * dim), mid(rows * dim), dx(rows * dim);
   cu::device_buffer<float> mean(rows), rstd(rows), dg(dim), db(dim);
-  cu::fill_zero(dx.data(), dx.size());
-  cu::fill_zero(dg.data(), dim);
-  cu::fill_zero(db.data(), dim);
+  be::fill_zero(dx.data(), dx.size());
+  be::fill_zero(dg.data(), dim);
+  be::fill_zero(db.data(), dim);
   const double n = static_cast<double>(rows * dim);
   bytes_line(std::string("layernorm_fwd ") + tag, time_ms([&] {
                be::layernorm_fwd(y.data(), mean.data(), rstd.data(), x.data(), gamma.data(), beta.data(), rows, dim);
@@ -169,7 +169,7 @@ void memory_bench(const char* tag, index_t rows, index_t dim, index_t card, int 
   cu::device_buffer<etude::token_t> dtgt(rows);
   cu::upload(dtgt.data(), tgt.data(), rows);
   cu::device_buffer<double> loss(1);
-  cu::fill_zero(loss.data(), 1);
+  be::fill_zero(loss.data(), 1);
   const float weight = 1e-3f;
   cu::device_buffer<float> dweight(1);
   cu::upload(dweight.data(), &weight, 1);
@@ -186,7 +186,7 @@ void memory_bench(const char* tag, index_t rows, index_t dim, index_t card, int 
   for (int k = 0; k < codebooks; ++k) {
     tables.push_back(random<T>((card + 1) * dim, 20 + k));
     dtables.emplace_back((card + 1) * dim);
-    cu::fill_zero(dtables.back().data(), dtables.back().size());
+    be::fill_zero(dtables.back().data(), dtables.back().size());
   }
   for (auto& t : tables) tp.push_back(t.data());
   for (auto& t : dtables) dtp.push_back(t.data());

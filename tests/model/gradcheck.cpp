@@ -57,17 +57,6 @@ struct plain_cpu : etude::backend::cpu {
 
 }  // namespace
 
-template <>
-class etude::step_executor<fused_cpu> : public etude::step_executor<etude::backend::cpu> {
- public:
-  using step_executor<etude::backend::cpu>::step_executor;
-};
-template <>
-class etude::step_executor<plain_cpu> : public etude::step_executor<etude::backend::cpu> {
- public:
-  using step_executor<etude::backend::cpu>::step_executor;
-};
-
 TEST_CASE("gradients: delay pattern", "[gradcheck]") { check_all_gradients<pat::delay<0, 1, 2, 3>>(); }
 TEST_CASE("gradients: parallel pattern", "[gradcheck]") { check_all_gradients<pat::parallel>(); }
 TEST_CASE("gradients: flatten pattern", "[gradcheck]") { check_all_gradients<pat::flatten>(2, 4); }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <numbers>
+#include <type_traits>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -64,12 +65,6 @@ struct range_counting_cpu : etude::backend::cpu {
 };
 
 }  // namespace
-
-template <>
-class etude::step_executor<range_counting_cpu> : public etude::step_executor<etude::backend::cpu> {
- public:
-  using step_executor<etude::backend::cpu>::step_executor;
-};
 
 TEST_CASE("schedules are evaluated before the update, with linear warmup", "[schedule]") {
   etude::hyper h;
@@ -166,6 +161,41 @@ TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism
   etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>> c{h};
   CHECK(std::memcmp(c.parameters().data(), etude::cpu_trainer<etude::train_config<lm, etude::accumulate<2>>>{}.parameters().data(),
                     c.parameters().size() * sizeof(float)) != 0);
+}
+
+// A user's backend derived from the CPU's, overriding nothing: it finds the CPU's step executor
+// through its base (ops/step_executor.hpp's step_executor_for), with no specialisation, and
+// trains the same bits.
+struct my_cpu : etude::backend::cpu {};
+static_assert(std::is_same_v<etude::step_executor_of<my_cpu>, etude::cpu_step_executor>);
+static_assert(etude::step_executor<etude::step_executor_of<my_cpu>>);
+
+TEST_CASE("a backend derived from the CPU's trains bit-identically on the CPU's executor", "[step][determinism]") {
+  etude::hyper h;
+  h.lr = 3e-3;
+  h.warmup_steps = 1;
+  h.total_steps = 10;
+  using cfg = etude::train_config<lm, etude::accumulate<2>>;
+  etude::trainer<cfg, etude::backend::cpu> a{h};
+  etude::trainer<cfg, my_cpu> b{h};
+  STATIC_REQUIRE(std::is_same_v<decltype(b)::executor, etude::cpu_step_executor>);
+  for (int s = 0; s < 3; ++s) {
+    const auto data = random_batch(4, 10, 60 + static_cast<std::uint64_t>(s));
+    const auto sa = a.step(data), sb = b.step(data);
+    CHECK(std::memcmp(&sa.ce, &sb.ce, sizeof sa.ce) == 0);
+    CHECK(std::memcmp(&sa.grad_norm, &sb.grad_norm, sizeof sa.grad_norm) == 0);
+  }
+  const snapshot x(a);
+  const snapshot y(b);
+  auto same_bits = [](const std::vector<float>& u, const std::vector<float>& w) {
+    return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(float)) == 0;
+  };
+  CHECK(same_bits(x.params, y.params));
+  CHECK(same_bits(x.grads, y.grads));
+  CHECK(same_bits(x.m, y.m));
+  CHECK(same_bits(x.v, y.v));
+  CHECK(x.steps == 3);
+  CHECK(y.steps == 3);
 }
 
 // bf16 training's bits on every path bf16 products can take here (etude's kernels, oneDNN on the

@@ -45,7 +45,8 @@ class decoder {
   using W = typename Policy::param_t;
   using A = typename Policy::activation_t;
   using F = typename Policy::compute_t;
-  using executor = step_executor<Backend>;
+  using executor = step_executor_of<Backend>;  // ops/step_executor.hpp
+  static_assert(step_executor<executor>, "the backend's step_executor_for names a type that is not a step executor");
   static constexpr shape S = Model::shape;
   static constexpr int K = S.codebooks, H = S.heads, L = S.layers;
   static constexpr index_t D = S.dim, FF = S.ffn(), C = S.card, P = params::total_elements;

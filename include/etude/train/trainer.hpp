@@ -64,7 +64,8 @@ class trainer {
   using optimizer = typename Config::optimizer;
   using net = transformer<model, Backend, policy, checkpointing>;
   using workspace_layout = step_workspace<Config, Backend>;
-  using executor = step_executor<Backend>;
+  using executor = step_executor_of<Backend>;  // ops/step_executor.hpp
+  static_assert(step_executor<executor>, "the backend's step_executor_for names a type that is not a step executor");
   static constexpr shape S = model::shape;
   static constexpr int K = S.codebooks;
   static constexpr int microbatches = Config::microbatches;

@@ -1,7 +1,8 @@
-// The CPU step executor (ops/step_executor.hpp): the step body runs eagerly on the calling
-// thread; the training state, the arena, the per-step scalars and results are host memory, so
-// every transfer is a copy or nothing, and inputs are laid out straight into the arena, one
-// microbatch at a time, when the body asks for them.
+// The CPU step executor (ops/step_executor.hpp), cpu_step_executor: the step body runs eagerly on
+// the calling thread; the training state, the arena, the per-step scalars and results are host
+// memory, so every transfer is a copy or nothing, and inputs are laid out straight into the arena,
+// one microbatch at a time, when the body asks for them. backend::cpu, and every backend derived
+// from it, runs on it (step_executor_for below).
 // Not for: the step body itself (train/trainer.hpp).
 #pragma once
 
@@ -19,14 +20,13 @@
 
 namespace etude {
 
-template <>
-class step_executor<backend::cpu> {
+class cpu_step_executor {
  public:
   static constexpr bool host_resident = true;
   template <class T>
   using buffer = ::etude::buffer<T>;
 
-  explicit step_executor(int /*device*/ = -1) {}
+  explicit cpu_step_executor(int /*device*/ = -1) {}
 
   struct guard {};
   guard enter() const { return {}; }
@@ -97,5 +97,12 @@ class step_executor<backend::cpu> {
   std::vector<std::chrono::steady_clock::time_point> marks_;
   input_fill fill_;  // of the last stage(); the trainer loads only what it staged
 };
+
+static_assert(step_executor<cpu_step_executor>);
+
+namespace backend {
+// backend::cpu's executor, and that of every backend derived from it (ops/step_executor.hpp).
+cpu_step_executor step_executor_for(const cpu*);
+}  // namespace backend
 
 }  // namespace etude

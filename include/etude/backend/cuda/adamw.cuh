@@ -111,38 +111,45 @@ __global__ void adamw_device_kernel(M* p, const G* grad, S* m, S* v, P* working,
 
 }  // namespace detail
 
-// All three pointers are device memory; nothing changes when *skip != 0.
-template <class M, class G, class S, class P = M>
-void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
-                  const double* grad_scale, const int* skip, P* working = nullptr) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, M>;
-  ETUDE_LAUNCH((detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
-               detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
-      (dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
-  ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
-}
+// AdamW's update and its check (ops/adamw.hpp); backend::cuda inherits them.
+struct cuda_adamw {
+  // All three pointers are device memory; nothing changes when *skip != 0.
+  template <class M, class G, class S, class P = M>
+  static void adamw_update(M* p, const G* grad, S* m, S* v, index_t n, const optim::adamw::scalars* scalars,
+                           const double* grad_scale, const int* skip, P* working = nullptr) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, M>;
+    ETUDE_LAUNCH((detail::adamw_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
+                 detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
+        (dev(p), dev(grad), dev(m), dev(v), dev(working), n, scalars, grad_scale, skip);
+    ETUDE_CUDA_CHECK_LAUNCH("adamw_device_kernel");
+  }
 
-// The check of the update (ops/adamw.hpp): d is device memory (the step's decision), read and, on a
-// refusal, written by the kernels, so the update that follows on the stream sees d->skip; no host
-// synchronisation. Two passes: per-block minima in the context's scratch, then one block.
-template <class M, class G, class S, class P = M>
-void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n, const optim::adamw::scalars* scalars,
-                 step_decision* d, const P* working = nullptr) {
-  if (n <= 0) return;
-  using tune = tuning<op::reduce, M>;
-  context& ctx = current();
-  const int blocks = detail::update_check_blocks<tune>(n);
-  auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
-  // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
-  const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
-  ETUDE_LAUNCH(
-      (detail::adamw_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
-      blocks, tune::threads, 0, ctx.stream())
-      (dev(p), dev(grad), dev(m), dev(v), check_working, n, scalars, d, partial);
-  ETUDE_CUDA_CHECK_LAUNCH("adamw_check_partial");
-  ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
-  ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
-}
+  // The check of the update (ops/adamw.hpp): d is device memory (the step's decision), read and, on a
+  // refusal, written by the kernels, so the update that follows on the stream sees d->skip; no host
+  // synchronisation. Two passes: per-block minima in the context's scratch, then one block.
+  template <class M, class G, class S, class P = M>
+  static void adamw_check(const M* p, const G* grad, const S* m, const S* v, index_t n,
+                          const optim::adamw::scalars* scalars, step_decision* d, const P* working = nullptr) {
+    if (n <= 0) return;
+    using tune = tuning<op::reduce, M>;
+    context& ctx = current();
+    const int blocks = detail::update_check_blocks<tune>(n);
+    auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
+    // a working copy of another dtype can overflow where the master does not (fp16 above 65504)
+    const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
+    ETUDE_LAUNCH(
+        (detail::adamw_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
+        blocks, tune::threads, 0, ctx.stream())
+        (dev(p), dev(grad), dev(m), dev(v), check_working, n, scalars, d, partial);
+    ETUDE_CUDA_CHECK_LAUNCH("adamw_check_partial");
+    ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
+    ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_adamw;
+}  // namespace etude::backend

@@ -132,16 +132,20 @@ __device__ __forceinline__ void block_mma(const D* A, int lda, const D* B, int l
 
 // ---- forward ------------------------------------------------------------------------------------
 
+// What a forward pass writes: the attention output and lse (the forward), or the row terms
+// delta = dO·O for the backward, recomputing O (attention_bwd without the forward's output).
+enum class fwd_mode : int { output = 0, delta = 1 };
+
 template <class D>
 struct fwd_args {
   const D* qkv;      // (B·S, 3D)
-  D* att;            // (B·S, D)        mode 0
-  float* lse;        // (B·S, H)        mode 0
-  const D* datt;     // (B·S, D)        mode 1: dO
-  D* dqkv;           // (B·S, 3D)       mode 1: delta goes to dq's (row, head) slot
+  D* att;            // (B·S, D)        fwd_mode::output
+  float* lse;        // (B·S, H)        fwd_mode::output
+  const D* datt;     // (B·S, D)        fwd_mode::delta: dO
+  D* dqkv;           // (B·S, 3D)       fwd_mode::delta: delta goes to dq's (row, head) slot
   index_t steps;
   int heads;
-  int mode;          // 0: attention output and lse; 1: delta = dO·O for the backward
+  fwd_mode mode;
   float scale;
 };
 
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(32 * Warps) flash_attention_fwd(fwd_args<D> a)
     if (qi >= steps) continue;
     const float inv = 1.0f / sl[r];
     const index_t row = static_cast<index_t>(b) * steps + qi;
-    if (a.mode == 0) {
+    if (a.mode == fwd_mode::output) {
       D* out = a.att + row * dmodel + static_cast<index_t>(h) * HD;
       for (int c = lane; c < HD; c += 32) out[c] = from_float<D>(so[r * g::ld_o + c] * inv);
       if (lane == 0) a.lse[row * a.heads + h] = sm[r] + logf(sl[r]);
@@ -272,6 +276,10 @@ __global__ void attention_delta(D* dqkv, const D* datt, const D* att, index_t ro
 
 // ---- backward -----------------------------------------------------------------------------------
 
+// Which gradients a backward launch accumulates: dK and dV, one CTA per key tile, or dQ, one CTA
+// per query tile.
+enum class bwd_role : int { dkv = 0, dq = 1 };
+
 template <class D>
 struct bwd_args {
   D* dqkv;           // (B·S, 3D); dq slots hold delta on entry
@@ -280,7 +288,7 @@ struct bwd_args {
   const float* lse;  // (B·S, H)
   index_t steps;
   int heads;
-  int role;          // 0: dK and dV per key tile; 1: dQ per query tile
+  bwd_role role;
   float scale;
 };
 
@@ -296,7 +304,7 @@ struct bwd_layout {
   static constexpr std::size_t dp = align128(s + sizeof(float) * Rows * g::ld_s);
   static constexpr std::size_t p = align128(dp + sizeof(float) * Rows * g::ld_s);
   static constexpr std::size_t ds = align128(p + sizeof(D) * Rows * g::ld_p);
-  static constexpr std::size_t dk = align128(ds + sizeof(D) * Rows * g::ld_p);  // dQ in role 1
+  static constexpr std::size_t dk = align128(ds + sizeof(D) * Rows * g::ld_p);  // dQ in bwd_role::dq
   static constexpr std::size_t dv = align128(dk + sizeof(float) * Cols * g::ld_o);
   static constexpr std::size_t lse = align128(dv + sizeof(float) * Cols * g::ld_o);
   static constexpr std::size_t delta = align128(lse + sizeof(float) * Rows);
@@ -361,7 +369,7 @@ __global__ void __launch_bounds__(32 * Warps) flash_attention_bwd(bwd_args<D> a)
     __syncthreads();
   };
 
-  if (a.role == 0) {
+  if (a.role == bwd_role::dkv) {
     const int kb = static_cast<int>(blockIdx.x), k0 = kb * Cols;
     load_tile<D, Cols, HD, threads>(sk, g::ld_in, k, ld, k0, steps);
     load_tile<D, Cols, HD, threads>(sv, g::ld_in, v, ld, k0, steps);
@@ -445,12 +453,12 @@ void bwd(bwd_args<device_t<T>> args, index_t batch) {
   constexpr std::size_t smem = bwd_layout<D, HD, rows, cols, warps>::bytes;
   set_smem<kernel>(smem, "attention_bwd");
   const unsigned bh = static_cast<unsigned>(batch * args.heads);
-  args.role = 0;
+  args.role = bwd_role::dkv;
   ETUDE_LAUNCH(kernel, dim3(static_cast<unsigned>((args.steps + cols - 1) / cols), bh), 32 * warps, smem,
                current().stream())
       (args);
   ETUDE_CUDA_CHECK_LAUNCH("flash_attention_bwd (dK, dV)");
-  args.role = 1;
+  args.role = bwd_role::dq;
   ETUDE_LAUNCH(kernel, dim3(static_cast<unsigned>((args.steps + rows - 1) / rows), bh), 32 * warps, smem,
                current().stream())
       (args);
@@ -470,45 +478,6 @@ void dispatch_in(head_dim_list<Dims...> list, index_t head_dim, const char* what
 
 namespace etude::cuda {
 
-// att (B·S, D), lse (B·S, H) float = causal attention over qkv (B·S, 3D). HeadDim: one of
-// attention_head_dims (tuning.cuh); another stops the build with the list.
-template <int HeadDim, class T>
-void attention_fwd(T* att, float* lse, const T* qkv, index_t batch, index_t steps, int heads) {
-  static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
-  detail::attn::check_args<T>("attention_fwd", qkv, att, batch, steps, heads, HeadDim);
-  if (batch == 0 || steps == 0) return;
-  detail::attn::fwd_args<device_t<T>> a{dev(qkv), dev(att), lse, nullptr, nullptr, steps, heads, 0,
-                                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
-  detail::attn::fwd<T, HeadDim>(a, batch);
-}
-
-// dqkv (B·S, 3D) = attention'(datt), overwritten (not accumulated), like the CPU backend. `att`:
-// the forward's output (the model's call: delta = dO·O from it), or null (delta from re-running
-// the forward).
-template <int HeadDim, class T>
-void attention_bwd(T* dqkv, const T* datt, const T* att, const T* qkv, const float* lse, index_t batch,
-                   index_t steps, int heads) {
-  static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
-  detail::attn::check_args<T>("attention_bwd", qkv, dqkv, batch, steps, heads, HeadDim);
-  detail::require(detail::aligned(datt, 16) && detail::aligned(att, 16), "attention_bwd", "datt and att must be 16-byte aligned");
-  if (batch == 0 || steps == 0) return;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
-  using D = device_t<T>;
-  if (att != nullptr) {
-    const index_t warps = batch * steps * heads;
-    constexpr int threads = 256;
-    const auto blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
-    ETUDE_LAUNCH((detail::attn::attention_delta<D, HeadDim>), blocks, threads, 0, current().stream())
-        (dev(dqkv), dev(datt), dev(att), batch * steps, heads);
-    ETUDE_CUDA_CHECK_LAUNCH("attention_delta");
-  } else {
-    detail::attn::fwd_args<D> a{dev(qkv), nullptr, nullptr, dev(datt), dev(dqkv), steps, heads, 1, scale};
-    detail::attn::fwd<T, HeadDim>(a, batch);
-  }
-  detail::attn::bwd_args<D> b{dev(dqkv), dev(datt), dev(qkv), lse, steps, heads, 0, scale};
-  detail::attn::bwd<T, HeadDim>(b, batch);
-}
-
 // A head dimension known only at run time (a tool that reads it, a test over several) → the
 // compiled ones: calls f(std::integral_constant<int, HD>{}) for HD == head_dim, or throws
 // etude::invalid_argument naming `what` and the supported list.
@@ -517,4 +486,60 @@ void with_head_dim(index_t head_dim, const char* what, F&& f) {
   detail::attn::dispatch_in(attention_head_dims{}, head_dim, what, static_cast<F&&>(f));
 }
 
+// Causal self-attention (ops/attention.hpp); backend::cuda inherits it.
+struct cuda_attention {
+  // The kernels need no scratch beyond the context's: the scratch arguments are ignored.
+  static constexpr index_t attention_scratch(index_t /*steps*/, index_t /*head_dim*/ = 0, bool /*staged*/ = false,
+                                             int /*threads*/ = 1) {
+    return 0;
+  }
+
+  // att (B·S, D), lse (B·S, H) float = causal attention over qkv (B·S, 3D). HeadDim: one of
+  // attention_head_dims (tuning.cuh); another stops the build with the list.
+  template <int HeadDim, class T>
+  static void attention_fwd(T* att, float* lse, const T* qkv, index_t batch, index_t steps, int heads,
+                            void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
+    detail::attn::check_args<T>("attention_fwd", qkv, att, batch, steps, heads, HeadDim);
+    if (batch == 0 || steps == 0) return;
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
+    detail::attn::fwd_args<device_t<T>> a{dev(qkv), dev(att), lse, nullptr, nullptr, steps, heads,
+                                          detail::attn::fwd_mode::output, scale};
+    detail::attn::fwd<T, HeadDim>(a, batch);
+  }
+
+  // dqkv (B·S, 3D) = attention'(datt), overwritten (not accumulated), like the CPU backend. `att`:
+  // the forward's output (the model's call: delta = dO·O from it), or null (delta from re-running
+  // the forward).
+  template <int HeadDim, class T>
+  static void attention_bwd(T* dqkv, const T* datt, const T* att, const T* qkv, const float* lse, index_t batch,
+                            index_t steps, int heads, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    static_assert(tuning<op::attention, T, HeadDim>::warps > 0);
+    detail::attn::check_args<T>("attention_bwd", qkv, dqkv, batch, steps, heads, HeadDim);
+    detail::require(detail::aligned(datt, 16) && detail::aligned(att, 16), "attention_bwd", "datt and att must be 16-byte aligned");
+    if (batch == 0 || steps == 0) return;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
+    using D = device_t<T>;
+    if (att != nullptr) {
+      const index_t warps = batch * steps * heads;
+      constexpr int threads = 256;
+      const auto blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
+      ETUDE_LAUNCH((detail::attn::attention_delta<D, HeadDim>), blocks, threads, 0, current().stream())
+          (dev(dqkv), dev(datt), dev(att), batch * steps, heads);
+      ETUDE_CUDA_CHECK_LAUNCH("attention_delta");
+    } else {
+      detail::attn::fwd_args<D> a{dev(qkv), nullptr, nullptr, dev(datt), dev(dqkv), steps, heads,
+                                  detail::attn::fwd_mode::delta, scale};
+      detail::attn::fwd<T, HeadDim>(a, batch);
+    }
+    detail::attn::bwd_args<D> b{dev(dqkv), dev(datt), dev(qkv), lse, steps, heads,
+                                detail::attn::bwd_role::dkv, scale};
+    detail::attn::bwd<T, HeadDim>(b, batch);
+  }
+};
+
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_attention;
+}  // namespace etude::backend

@@ -124,148 +124,108 @@ inline unsigned grid(index_t n) {
 
 }  // namespace detail::cond
 
-// rows (B, W) = table[index[b·stride]] (=), a zero row where the index is −1.
-template <class A, class W>
-void condition_gather(A* rows, const W* table, const std::int32_t* index, index_t batch, index_t width,
-                      index_t stride) {
-  if (batch <= 0 || width <= 0) return;
-  using tune = tuning<op::condition, A>;
-  ETUDE_LAUNCH(detail::cond::gather, detail::cond::grid<A>(batch * width), tune::threads, 0, current().stream())
-      (dev(rows), dev(table), index, batch, width, stride);
-  ETUDE_CUDA_CHECK_LAUNCH("condition gather");
-}
+// The condition ops (ops/condition.hpp); backend::cuda inherits them.
+struct cuda_condition {
+  // rows (B, W) = table[index[b·stride]] (=), a zero row where the index is −1.
+  template <class A, class W>
+  static void condition_gather(A* rows, const W* table, const std::int32_t* index, index_t batch, index_t width,
+                               index_t stride) {
+    if (batch <= 0 || width <= 0) return;
+    using tune = tuning<op::condition, A>;
+    ETUDE_LAUNCH(detail::cond::gather, detail::cond::grid<A>(batch * width), tune::threads, 0, current().stream())
+        (dev(rows), dev(table), index, batch, width, stride);
+    ETUDE_CUDA_CHECK_LAUNCH("condition gather");
+  }
 
-// dtable[index[b·stride]] += drows[b] for every b with index >= 0, in order of b.
-template <class G, class A>
-void condition_gather_bwd(G* dtable, const A* drows, const std::int32_t* index, index_t batch, index_t width,
-                          index_t stride) {
-  if (batch <= 0 || width <= 0) return;
-  using tune = tuning<op::condition, G>;
-  ETUDE_LAUNCH(detail::cond::gather_bwd, detail::cond::grid<G>(width), tune::threads, 0, current().stream())
-      (dev(dtable), dev(drows), index, batch, width, stride);
-  ETUDE_CUDA_CHECK_LAUNCH("condition gather backward");
-}
+  // dtable[index[b·stride]] += drows[b] for every b with index >= 0, in order of b.
+  template <class G, class A>
+  static void condition_gather_bwd(G* dtable, const A* drows, const std::int32_t* index, index_t batch, index_t width,
+                                   index_t stride) {
+    if (batch <= 0 || width <= 0) return;
+    using tune = tuning<op::condition, G>;
+    ETUDE_LAUNCH(detail::cond::gather_bwd, detail::cond::grid<G>(width), tune::threads, 0, current().stream())
+        (dev(dtable), dev(drows), index, batch, width, stride);
+    ETUDE_CUDA_CHECK_LAUNCH("condition gather backward");
+  }
 
-// y[r] += bias (in place), rows with leading dimension ldy.
-template <class Y, class W>
-void bias_rows(Y* y, const W* bias, index_t rows, index_t n, index_t ldy) {
-  if (rows <= 0 || n <= 0) return;
-  using tune = tuning<op::condition, Y>;
-  ETUDE_LAUNCH(detail::cond::bias_rows, detail::cond::grid<Y>(rows * n), tune::threads, 0, current().stream())
-      (dev(y), dev(bias), rows, n, ldy);
-  ETUDE_CUDA_CHECK_LAUNCH("bias_rows");
-}
+  // y[r] += bias (in place), rows with leading dimension ldy.
+  template <class Y, class W>
+  static void bias_rows(Y* y, const W* bias, index_t rows, index_t n, index_t ldy) {
+    if (rows <= 0 || n <= 0) return;
+    using tune = tuning<op::condition, Y>;
+    ETUDE_LAUNCH(detail::cond::bias_rows, detail::cond::grid<Y>(rows * n), tune::threads, 0, current().stream())
+        (dev(y), dev(bias), rows, n, ldy);
+    ETUDE_CUDA_CHECK_LAUNCH("bias_rows");
+  }
 
-// dbias += Σ_r dy[r], rows in order.
-template <class G, class A>
-void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
-  if (rows <= 0 || n <= 0) return;
-  using tune = tuning<op::condition, G>;
-  ETUDE_LAUNCH(detail::cond::bias_grad, detail::cond::grid<G>(n), tune::threads, 0, current().stream())
-      (dev(dbias), dev(dy), rows, n, ldy);
-  ETUDE_CUDA_CHECK_LAUNCH("bias_grad");
-}
+  // dbias += Σ_r dy[r], rows in order.
+  template <class G, class A>
+  static void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
+    if (rows <= 0 || n <= 0) return;
+    using tune = tuning<op::condition, G>;
+    ETUDE_LAUNCH(detail::cond::bias_grad, detail::cond::grid<G>(n), tune::threads, 0, current().stream())
+        (dev(dbias), dev(dy), rows, n, ldy);
+    ETUDE_CUDA_CHECK_LAUNCH("bias_grad");
+  }
 
-// x[r] = 0 where mask[r] is 0 (in place).
-template <class X, class M>
-void mask_rows(X* x, const M* mask, index_t rows, index_t n, index_t ldx) {
-  if (rows <= 0 || n <= 0) return;
-  using tune = tuning<op::condition, X>;
-  ETUDE_LAUNCH(detail::cond::mask_rows, detail::cond::grid<X>(rows * n), tune::threads, 0, current().stream())
-      (dev(x), dev(mask), rows, n, ldx);
-  ETUDE_CUDA_CHECK_LAUNCH("mask_rows");
-}
+  // x[r] = 0 where mask[r] is 0 (in place).
+  template <class X, class M>
+  static void mask_rows(X* x, const M* mask, index_t rows, index_t n, index_t ldx) {
+    if (rows <= 0 || n <= 0) return;
+    using tune = tuning<op::condition, X>;
+    ETUDE_LAUNCH(detail::cond::mask_rows, detail::cond::grid<X>(rows * n), tune::threads, 0, current().stream())
+        (dev(x), dev(mask), rows, n, ldx);
+    ETUDE_CUDA_CHECK_LAUNCH("mask_rows");
+  }
 
-// x[b·S + s] += c[b] (x (B·S, N), c (B, N)).
-template <class X, class C>
-void add_rows(X* x, const C* c, index_t batch, index_t steps, index_t n) {
-  const index_t total = batch * steps * n;
-  if (total <= 0) return;
-  using tune = tuning<op::condition, X>;
-  ETUDE_LAUNCH(detail::cond::add_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
-      (dev(x), dev(c), steps, n, total);
-  ETUDE_CUDA_CHECK_LAUNCH("add_rows");
-}
+  // x[b·S + s] += c[b] (x (B·S, N), c (B, N)).
+  template <class X, class C>
+  static void add_rows(X* x, const C* c, index_t batch, index_t steps, index_t n) {
+    const index_t total = batch * steps * n;
+    if (total <= 0) return;
+    using tune = tuning<op::condition, X>;
+    ETUDE_LAUNCH(detail::cond::add_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+        (dev(x), dev(c), steps, n, total);
+    ETUDE_CUDA_CHECK_LAUNCH("add_rows");
+  }
 
-// dc[b] = Σ_s dx[b·S + s] (=), steps in order.
-template <class C, class X>
-void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
-  if (batch <= 0 || n <= 0) return;
-  using tune = tuning<op::condition, C>;
-  ETUDE_LAUNCH(detail::cond::sum_rows, detail::cond::grid<C>(batch * n), tune::threads, 0, current().stream())
-      (dev(dc), dev(dx), batch, steps, n);
-  ETUDE_CUDA_CHECK_LAUNCH("sum_rows");
-}
+  // dc[b] = Σ_s dx[b·S + s] (=), steps in order.
+  template <class C, class X>
+  static void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
+    if (batch <= 0 || n <= 0) return;
+    using tune = tuning<op::condition, C>;
+    ETUDE_LAUNCH(detail::cond::sum_rows, detail::cond::grid<C>(batch * n), tune::threads, 0, current().stream())
+        (dev(dc), dev(dx), batch, steps, n);
+    ETUDE_CUDA_CHECK_LAUNCH("sum_rows");
+  }
 
-// fuse::prepend's sequence: x[b·(LC+S) + i] = cond[b·LC + i] + pos(i) for i < LC, then the token
-// rows tok[b·S + s] copied after them.
-template <class X, class C, class T, class P>
-void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
-                  index_t n) {
-  const index_t total = batch * (lc + steps) * n;
-  if (total <= 0) return;
-  using tune = tuning<op::condition, X>;
-  ETUDE_LAUNCH(detail::cond::prepend_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
-      (dev(x), dev(cond), dev(tok), dev(pos), lc, steps, n, total);
-  ETUDE_CUDA_CHECK_LAUNCH("prepend_rows");
-}
+  // fuse::prepend's sequence: x[b·(LC+S) + i] = cond[b·LC + i] + pos(i) for i < LC, then the token
+  // rows tok[b·S + s] copied after them.
+  template <class X, class C, class T, class P>
+  static void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
+                           index_t n) {
+    const index_t total = batch * (lc + steps) * n;
+    if (total <= 0) return;
+    using tune = tuning<op::condition, X>;
+    ETUDE_LAUNCH(detail::cond::prepend_rows, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+        (dev(x), dev(cond), dev(tok), dev(pos), lc, steps, n, total);
+    ETUDE_CUDA_CHECK_LAUNCH("prepend_rows");
+  }
 
-// Its backward: the prepended rows' gradient to dcond, the token rows' to dtok (both =).
-template <class C, class T, class X>
-void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
-  const index_t total = batch * (lc + steps) * n;
-  if (total <= 0) return;
-  using tune = tuning<op::condition, X>;
-  ETUDE_LAUNCH(detail::cond::prepend_rows_bwd, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
-      (dev(dcond), dev(dtok), dev(dx), lc, steps, n, total);
-  ETUDE_CUDA_CHECK_LAUNCH("prepend_rows_bwd");
-}
+  // Its backward: the prepended rows' gradient to dcond, the token rows' to dtok (both =).
+  template <class C, class T, class X>
+  static void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
+    const index_t total = batch * (lc + steps) * n;
+    if (total <= 0) return;
+    using tune = tuning<op::condition, X>;
+    ETUDE_LAUNCH(detail::cond::prepend_rows_bwd, detail::cond::grid<X>(total), tune::threads, 0, current().stream())
+        (dev(dcond), dev(dtok), dev(dx), lc, steps, n, total);
+    ETUDE_CUDA_CHECK_LAUNCH("prepend_rows_bwd");
+  }
+};
 
 }  // namespace etude::cuda
 
 namespace etude::backend {
-
-// The condition ops under the spec's names (backend::cuda inherits them).
-struct cuda_condition {
-  template <class A, class W>
-  static void condition_gather(A* rows, const W* table, const std::int32_t* index, index_t batch, index_t width,
-                               index_t stride) {
-    ::etude::cuda::condition_gather(rows, table, index, batch, width, stride);
-  }
-  template <class G, class A>
-  static void condition_gather_bwd(G* dtable, const A* drows, const std::int32_t* index, index_t batch,
-                                   index_t width, index_t stride) {
-    ::etude::cuda::condition_gather_bwd(dtable, drows, index, batch, width, stride);
-  }
-  template <class Y, class W>
-  static void bias_rows(Y* y, const W* bias, index_t rows, index_t n, index_t ldy) {
-    ::etude::cuda::bias_rows(y, bias, rows, n, ldy);
-  }
-  template <class G, class A>
-  static void bias_grad(G* dbias, const A* dy, index_t rows, index_t n, index_t ldy) {
-    ::etude::cuda::bias_grad(dbias, dy, rows, n, ldy);
-  }
-  template <class X, class M>
-  static void mask_rows(X* x, const M* mask, index_t rows, index_t n, index_t ldx) {
-    ::etude::cuda::mask_rows(x, mask, rows, n, ldx);
-  }
-  template <class X, class C>
-  static void add_rows(X* x, const C* c, index_t batch, index_t steps, index_t n) {
-    ::etude::cuda::add_rows(x, c, batch, steps, n);
-  }
-  template <class C, class X>
-  static void sum_rows(C* dc, const X* dx, index_t batch, index_t steps, index_t n) {
-    ::etude::cuda::sum_rows(dc, dx, batch, steps, n);
-  }
-  template <class X, class C, class T, class P>
-  static void prepend_rows(X* x, const C* cond, const T* tok, const P* pos, index_t batch, index_t lc, index_t steps,
-                           index_t n) {
-    ::etude::cuda::prepend_rows(x, cond, tok, pos, batch, lc, steps, n);
-  }
-  template <class C, class T, class X>
-  static void prepend_rows_bwd(C* dcond, T* dtok, const X* dx, index_t batch, index_t lc, index_t steps, index_t n) {
-    ::etude::cuda::prepend_rows_bwd(dcond, dtok, dx, batch, lc, steps, n);
-  }
-};
-
+using ::etude::cuda::cuda_condition;
 }  // namespace etude::backend

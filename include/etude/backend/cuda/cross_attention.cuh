@@ -310,88 +310,78 @@ inline void check(const char* op, index_t batch, index_t steps, index_t position
 
 namespace etude::cuda {
 
-// att (B·S, D), lse (B·S, H) = cross-attention of q (B·S, ldq) over kv (B·L, 2D), mask (B, L) or null.
-template <int HeadDim, class T>
-void cross_attention_fwd(T* att, float* lse, const T* q, const T* kv, const float* mask, index_t batch, index_t steps,
-                         index_t positions, int heads, index_t ldq) {
-  using tune = tuning<op::cross_attention, T, HeadDim>;
-  using D = device_t<T>;
-  detail::xattn::check("cross_attention_fwd", batch, steps, positions, heads, HeadDim, ldq);
-  if (batch == 0 || steps == 0) return;
-  constexpr int warps = tune::warps, rpw = tune::rows_per_warp, rows = warps * rpw;
-  constexpr auto kernel = detail::xattn::cross_fwd<D, HeadDim, warps, rpw>;
-  constexpr std::size_t smem = detail::xattn::query_smem<HeadDim, rows, false>();
-  detail::set_smem<kernel>(smem, "cross_attention_fwd");
-  const detail::xattn::args<D> a{dev(q), dev(kv), mask, steps, positions, ldq, heads,
-                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
-  const dim3 grid(static_cast<unsigned>((steps + rows - 1) / rows), static_cast<unsigned>(batch * heads));
-  ETUDE_LAUNCH(kernel, grid, 32 * warps, smem, current().stream())(a, dev(att), lse);
-  ETUDE_CUDA_CHECK_LAUNCH("cross_fwd");
-}
-
-// dq (B·S, ldq), dkv (B·L, 2D) = cross-attention'(datt) (=), from q, kv, the forward's lse and mask.
-template <int HeadDim, class T>
-void cross_attention_bwd(T* dq, T* dkv, const T* datt, const T* q, const T* kv, const float* lse, const float* mask,
-                         index_t batch, index_t steps, index_t positions, int heads, index_t ldq) {
-  using tune = tuning<op::cross_attention, T, HeadDim>;
-  using D = device_t<T>;
-  detail::xattn::check("cross_attention_bwd", batch, steps, positions, heads, HeadDim, ldq);
-  detail::require(detail::aligned(dq, 4) && (ldq * static_cast<index_t>(sizeof(T))) % 4 == 0, "cross_attention_bwd",
-                  "dq and its row stride must be 4-byte aligned (the row terms pass through dq's slots)");
-  if (batch == 0) return;
-  constexpr int warps = tune::warps, rpw = tune::rows_per_warp, rows = warps * rpw;
-  constexpr int kthreads = tune::key_threads, qrows = tune::key_query_rows;
-  const detail::xattn::args<D> a{dev(q), dev(kv), mask, steps, positions, ldq, heads,
-                                 static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
-  const auto bh = static_cast<unsigned>(batch * heads);
-  cudaStream_t stream = current().stream();
-  constexpr std::size_t qsmem = detail::xattn::query_smem<HeadDim, rows, true>();
-  const dim3 qgrid(static_cast<unsigned>((steps + rows - 1) / rows), bh);
-  if (steps > 0) {
-    constexpr auto delta = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, false>;
-    detail::set_smem<delta>(qsmem, "cross_attention_bwd");
-    ETUDE_LAUNCH(delta, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
-    ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (delta)");
-  }
-  if (positions > 0) {
-    constexpr auto keys = detail::xattn::cross_bwd_keys<D, HeadDim, kthreads, qrows>;
-    constexpr std::size_t ksmem = detail::xattn::key_smem<HeadDim, qrows>();
-    detail::set_smem<keys>(ksmem, "cross_attention_bwd");
-    const dim3 kgrid(static_cast<unsigned>((positions + detail::xattn::chunk - 1) / detail::xattn::chunk), bh);
-    ETUDE_LAUNCH(keys, kgrid, kthreads, ksmem, stream)(a, dev(dkv), dev(static_cast<const T*>(dq)), dev(datt), lse);
-    ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_keys");
-  }
-  if (steps > 0) {
-    constexpr auto grad_q = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, true>;
-    detail::set_smem<grad_q>(qsmem, "cross_attention_bwd");
-    ETUDE_LAUNCH(grad_q, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
-    ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (dq)");
-  }
-}
-
-}  // namespace etude::cuda
-
-namespace etude::backend {
-
-// Cross-attention under the spec's names (backend::cuda inherits it). The mask and lse are float
+// Cross-attention (ops/cross_attention.hpp); backend::cuda inherits it. The mask and lse are float
 // (the CUDA backend's compute type); no scratch is needed, and the scratch arguments are ignored.
 struct cuda_cross_attention {
   static constexpr index_t cross_attention_scratch(index_t /*steps*/, index_t /*positions*/, index_t /*head_dim*/,
                                                    bool /*staged*/ = false, int /*threads*/ = 1) {
     return 0;
   }
-  template <int HeadDim, class A>
-  static void cross_attention_fwd(A* att, float* lse, const A* q, const A* kv, const float* mask, index_t batch,
+
+  // att (B·S, D), lse (B·S, H) = cross-attention of q (B·S, ldq) over kv (B·L, 2D), mask (B, L) or null.
+  template <int HeadDim, class T>
+  static void cross_attention_fwd(T* att, float* lse, const T* q, const T* kv, const float* mask, index_t batch,
                                   index_t steps, index_t positions, int heads, index_t ldq, void* /*scratch*/ = nullptr,
                                   index_t /*scratch_size*/ = 0) {
-    ::etude::cuda::cross_attention_fwd<HeadDim>(att, lse, q, kv, mask, batch, steps, positions, heads, ldq);
+    using tune = tuning<op::cross_attention, T, HeadDim>;
+    using D = device_t<T>;
+    detail::xattn::check("cross_attention_fwd", batch, steps, positions, heads, HeadDim, ldq);
+    if (batch == 0 || steps == 0) return;
+    constexpr int warps = tune::warps, rpw = tune::rows_per_warp, rows = warps * rpw;
+    constexpr auto kernel = detail::xattn::cross_fwd<D, HeadDim, warps, rpw>;
+    constexpr std::size_t smem = detail::xattn::query_smem<HeadDim, rows, false>();
+    detail::set_smem<kernel>(smem, "cross_attention_fwd");
+    const detail::xattn::args<D> a{dev(q), dev(kv), mask, steps, positions, ldq, heads,
+                                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
+    const dim3 grid(static_cast<unsigned>((steps + rows - 1) / rows), static_cast<unsigned>(batch * heads));
+    ETUDE_LAUNCH(kernel, grid, 32 * warps, smem, current().stream())(a, dev(att), lse);
+    ETUDE_CUDA_CHECK_LAUNCH("cross_fwd");
   }
-  template <int HeadDim, class A>
-  static void cross_attention_bwd(A* dq, A* dkv, const A* datt, const A* q, const A* kv, const float* lse,
+
+  // dq (B·S, ldq), dkv (B·L, 2D) = cross-attention'(datt) (=), from q, kv, the forward's lse and mask.
+  template <int HeadDim, class T>
+  static void cross_attention_bwd(T* dq, T* dkv, const T* datt, const T* q, const T* kv, const float* lse,
                                   const float* mask, index_t batch, index_t steps, index_t positions, int heads,
                                   index_t ldq, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
-    ::etude::cuda::cross_attention_bwd<HeadDim>(dq, dkv, datt, q, kv, lse, mask, batch, steps, positions, heads, ldq);
+    using tune = tuning<op::cross_attention, T, HeadDim>;
+    using D = device_t<T>;
+    detail::xattn::check("cross_attention_bwd", batch, steps, positions, heads, HeadDim, ldq);
+    detail::require(detail::aligned(dq, 4) && (ldq * static_cast<index_t>(sizeof(T))) % 4 == 0, "cross_attention_bwd",
+                    "dq and its row stride must be 4-byte aligned (the row terms pass through dq's slots)");
+    if (batch == 0) return;
+    constexpr int warps = tune::warps, rpw = tune::rows_per_warp, rows = warps * rpw;
+    constexpr int kthreads = tune::key_threads, qrows = tune::key_query_rows;
+    const detail::xattn::args<D> a{dev(q), dev(kv), mask, steps, positions, ldq, heads,
+                                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)))};
+    const auto bh = static_cast<unsigned>(batch * heads);
+    cudaStream_t stream = current().stream();
+    constexpr std::size_t qsmem = detail::xattn::query_smem<HeadDim, rows, true>();
+    const dim3 qgrid(static_cast<unsigned>((steps + rows - 1) / rows), bh);
+    if (steps > 0) {
+      constexpr auto delta = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, false>;
+      detail::set_smem<delta>(qsmem, "cross_attention_bwd");
+      ETUDE_LAUNCH(delta, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
+      ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (delta)");
+    }
+    if (positions > 0) {
+      constexpr auto keys = detail::xattn::cross_bwd_keys<D, HeadDim, kthreads, qrows>;
+      constexpr std::size_t ksmem = detail::xattn::key_smem<HeadDim, qrows>();
+      detail::set_smem<keys>(ksmem, "cross_attention_bwd");
+      const dim3 kgrid(static_cast<unsigned>((positions + detail::xattn::chunk - 1) / detail::xattn::chunk), bh);
+      ETUDE_LAUNCH(keys, kgrid, kthreads, ksmem, stream)(a, dev(dkv), dev(static_cast<const T*>(dq)), dev(datt), lse);
+      ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_keys");
+    }
+    if (steps > 0) {
+      constexpr auto grad_q = detail::xattn::cross_bwd_query<D, HeadDim, warps, rpw, true>;
+      detail::set_smem<grad_q>(qsmem, "cross_attention_bwd");
+      ETUDE_LAUNCH(grad_q, qgrid, 32 * warps, qsmem, stream)(a, dev(dq), dev(datt), lse);
+      ETUDE_CUDA_CHECK_LAUNCH("cross_bwd_query (dq)");
+    }
   }
 };
 
+}  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_cross_attention;
 }  // namespace etude::backend

@@ -75,72 +75,6 @@ __global__ void sinusoid_kernel(D* out, index_t steps, index_t dim) {
 
 }  // namespace detail
 
-// dst = src, converting when the types differ (rounded to nearest even when narrowing).
-template <class Dst, class Src>
-void copy(Dst* dst, const Src* src, index_t n) {
-  if (n <= 0) return;
-  context& ctx = current();
-  if constexpr (std::is_same_v<std::remove_const_t<Dst>, std::remove_const_t<Src>>) {
-    ETUDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(Dst), cudaMemcpyDeviceToDevice,
-                                     ctx.stream()));
-  } else {
-    using tune = tuning<op::elementwise, Dst>;
-    ETUDE_LAUNCH((detail::convert_kernel<device_t<Dst>, device_t<Src>, tune::unroll>),
-                 detail::elementwise_grid<tune>(n), tune::threads, 0, ctx.stream())
-        (dev(dst), dev(src), n);
-    ETUDE_CUDA_CHECK_LAUNCH("convert_kernel");
-  }
-}
-
-// All bits zero: +0 in float, bf16 and fp16.
-template <class T>
-void fill_zero(T* dst, index_t n) {
-  if (n <= 0) return;
-  ETUDE_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), current().stream()));
-}
-
-template <class T>
-void accumulate(T* dst, const T* src, index_t n) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, T>;
-  ETUDE_LAUNCH((detail::accumulate_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
-               0, current().stream())
-      (dev(dst), dev(src), n);
-  ETUDE_CUDA_CHECK_LAUNCH("accumulate_kernel");
-}
-
-// out (steps, dim): cos of the first half, sin of the second, periods 10000^(j / (half − 1)).
-template <class T>
-void sinusoid(T* out, index_t steps, index_t dim) {
-  detail::require(dim % 2 == 0 && dim >= 4, "sinusoid", "dim must be even and at least 4");
-  if (steps <= 0) return;
-  ETUDE_LAUNCH(detail::sinusoid_kernel, detail::grid_for(steps * (dim / 2), 256, 8), 256, 0, current().stream())
-      (dev(out), steps, dim);
-  ETUDE_CUDA_CHECK_LAUNCH("sinusoid_kernel");
-}
-
-// y = x·Φ(x), exact erf.
-template <class T>
-void gelu_fwd(T* y, const T* x, index_t n) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, T>;
-  ETUDE_LAUNCH((detail::gelu_fwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
-               0, current().stream())
-      (dev(y), dev(x), n);
-  ETUDE_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
-}
-
-// dy ← dy · GELU'(x), in place.
-template <class T>
-void gelu_bwd(T* dy, const T* x, index_t n) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, T>;
-  ETUDE_LAUNCH((detail::gelu_bwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
-               0, current().stream())
-      (dev(dy), dev(x), n);
-  ETUDE_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
-}
-
 // act(rows, cols) = GELU(pre) for row-major tensors with leading dimension ld.
 template <class T>
 void gelu_rows(T* act, const T* pre, index_t rows, index_t cols, index_t ld) {
@@ -152,4 +86,78 @@ void gelu_rows(T* act, const T* pre, index_t rows, index_t cols, index_t ld) {
   ETUDE_CUDA_CHECK_LAUNCH("gelu_rows_kernel");
 }
 
+// The elementwise ops (ops/elementwise.hpp) and the sinusoid table (ops/embedding.hpp); backend::cuda
+// inherits them.
+struct cuda_elementwise {
+  // dst = src, converting when the types differ (rounded to nearest even when narrowing).
+  template <class Dst, class Src>
+  static void copy(Dst* dst, const Src* src, index_t n) {
+    if (n <= 0) return;
+    context& ctx = current();
+    if constexpr (std::is_same_v<std::remove_const_t<Dst>, std::remove_const_t<Src>>) {
+      ETUDE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(Dst), cudaMemcpyDeviceToDevice,
+                                       ctx.stream()));
+    } else {
+      using tune = tuning<op::elementwise, Dst>;
+      ETUDE_LAUNCH((detail::convert_kernel<device_t<Dst>, device_t<Src>, tune::unroll>),
+                   detail::elementwise_grid<tune>(n), tune::threads, 0, ctx.stream())
+          (dev(dst), dev(src), n);
+      ETUDE_CUDA_CHECK_LAUNCH("convert_kernel");
+    }
+  }
+
+  // All bits zero: +0 in float, bf16 and fp16.
+  template <class T>
+  static void fill_zero(T* dst, index_t n) {
+    if (n <= 0) return;
+    ETUDE_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), current().stream()));
+  }
+
+  template <class T>
+  static void accumulate(T* dst, const T* src, index_t n) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, T>;
+    ETUDE_LAUNCH((detail::accumulate_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+                 0, current().stream())
+        (dev(dst), dev(src), n);
+    ETUDE_CUDA_CHECK_LAUNCH("accumulate_kernel");
+  }
+
+  // out (steps, dim): cos of the first half, sin of the second, periods 10000^(j / (half − 1)).
+  template <class T>
+  static void sinusoid(T* out, index_t steps, index_t dim) {
+    detail::require(dim % 2 == 0 && dim >= 4, "sinusoid", "dim must be even and at least 4");
+    if (steps <= 0) return;
+    ETUDE_LAUNCH(detail::sinusoid_kernel, detail::grid_for(steps * (dim / 2), 256, 8), 256, 0, current().stream())
+        (dev(out), steps, dim);
+    ETUDE_CUDA_CHECK_LAUNCH("sinusoid_kernel");
+  }
+
+  // y = x·Φ(x), exact erf.
+  template <class T>
+  static void gelu_fwd(T* y, const T* x, index_t n) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, T>;
+    ETUDE_LAUNCH((detail::gelu_fwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+                 0, current().stream())
+        (dev(y), dev(x), n);
+    ETUDE_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
+  }
+
+  // dy ← dy · GELU'(x), in place.
+  template <class T>
+  static void gelu_bwd(T* dy, const T* x, index_t n) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, T>;
+    ETUDE_LAUNCH((detail::gelu_bwd_kernel<device_t<T>, tune::unroll>), detail::elementwise_grid<tune>(n), tune::threads,
+                 0, current().stream())
+        (dev(dy), dev(x), n);
+    ETUDE_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
+  }
+};
+
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_elementwise;
+}  // namespace etude::backend

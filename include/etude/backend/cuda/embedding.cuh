@@ -81,55 +81,62 @@ __global__ void embedding_accumulate(G* table, const D* dx, const unsigned* keys
 
 }  // namespace detail
 
-// tables: a host array of `codebooks` device pointers, each (C+1, dim); seq (B, K, S) device.
-template <class X, class W, class P>
-void embedding_fwd(X* x, const token_t* seq, const W* const* tables, const P* pos, index_t batch, int codebooks,
-                   index_t steps, index_t dim) {
-  using tune = tuning<op::embedding, X>;
-  detail::require(codebooks >= 1 && codebooks <= tune::max_codebooks, "embedding_fwd",
-                  "codebooks must be in [1, " + std::to_string(tune::max_codebooks) + "] (tuning<op::embedding>::max_codebooks)");
-  const index_t rows = batch * steps;
-  if (rows == 0 || dim == 0) return;
-  detail::require(rows <= 0x7fffffff, "embedding_fwd", "batch·steps must be below 2^31");
-  detail::table_ptrs<device_t<W>, tune::max_codebooks> t{};
-  for (int k = 0; k < codebooks; ++k) t.p[k] = dev(tables[k]);
-  ETUDE_LAUNCH(detail::embedding_fwd_kernel, static_cast<unsigned>(rows), tune::threads, 0, current().stream())
-      (dev(x), seq, t, dev(pos), steps, codebooks, dim);
-  ETUDE_CUDA_CHECK_LAUNCH("embedding_fwd_kernel");
-}
-
-// dtables: a host array of `codebooks` device pointers (G: the gradients' storage type).
-template <class G, class X>
-void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t batch, int codebooks, index_t steps,
-                   index_t dim) {
-  using tune = tuning<op::embedding, X>;
-  const index_t rows = batch * steps;
-  if (rows == 0 || dim == 0) return;
-  detail::require(rows <= 0x7fffffff, "embedding_bwd", "batch·steps must be below 2^31");
-  context& ctx = current();
-  const int n = static_cast<int>(rows);
-  std::size_t sort_bytes = 0;
-  ETUDE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const unsigned*>(nullptr),
-                                                   static_cast<unsigned*>(nullptr), static_cast<const int*>(nullptr),
-                                                   static_cast<int*>(nullptr), n, 0, 32, ctx.stream()));
-  const std::size_t arr = context::round_up(sizeof(int) * static_cast<std::size_t>(n), 256);
-  auto* base = static_cast<unsigned char*>(ctx.scratch(4 * arr + sort_bytes));
-  auto* keys_in = reinterpret_cast<unsigned*>(base);
-  auto* keys_out = reinterpret_cast<unsigned*>(base + arr);
-  auto* rows_in = reinterpret_cast<int*>(base + 2 * arr);
-  auto* rows_out = reinterpret_cast<int*>(base + 3 * arr);
-  void* temp = base + 4 * arr;
-  for (int k = 0; k < codebooks; ++k) {
-    ETUDE_LAUNCH(detail::embedding_gather_keys, detail::grid_for(rows, 256, 8), 256, 0, ctx.stream())
-        (keys_in, rows_in, seq, steps, codebooks, k, rows);
-    ETUDE_CUDA_CHECK_LAUNCH("embedding_gather_keys");
-    std::size_t bytes = sort_bytes;
-    ETUDE_CUDA_CHECK(
-        cub::DeviceRadixSort::SortPairs(temp, bytes, keys_in, keys_out, rows_in, rows_out, n, 0, 32, ctx.stream()));
-    ETUDE_LAUNCH(detail::embedding_accumulate, static_cast<unsigned>(rows), tune::threads, 0, ctx.stream())
-        (dev(dtables[k]), dev(dx), keys_out, rows_out, rows, dim);
-    ETUDE_CUDA_CHECK_LAUNCH("embedding_accumulate");
+// The embedding ops (ops/embedding.hpp); backend::cuda inherits them.
+struct cuda_embedding {
+  // tables: a host array of `codebooks` device pointers, each (C+1, dim); seq (B, K, S) device.
+  template <class X, class W, class P>
+  static void embedding_fwd(X* x, const token_t* seq, const W* const* tables, const P* pos, index_t batch,
+                            int codebooks, index_t steps, index_t dim) {
+    using tune = tuning<op::embedding, X>;
+    detail::require(codebooks >= 1 && codebooks <= tune::max_codebooks, "embedding_fwd",
+                    "codebooks must be in [1, " + std::to_string(tune::max_codebooks) + "] (tuning<op::embedding>::max_codebooks)");
+    const index_t rows = batch * steps;
+    if (rows == 0 || dim == 0) return;
+    detail::require(rows <= 0x7fffffff, "embedding_fwd", "batch·steps must be below 2^31");
+    detail::table_ptrs<device_t<W>, tune::max_codebooks> t{};
+    for (int k = 0; k < codebooks; ++k) t.p[k] = dev(tables[k]);
+    ETUDE_LAUNCH(detail::embedding_fwd_kernel, static_cast<unsigned>(rows), tune::threads, 0, current().stream())
+        (dev(x), seq, t, dev(pos), steps, codebooks, dim);
+    ETUDE_CUDA_CHECK_LAUNCH("embedding_fwd_kernel");
   }
-}
+
+  // dtables: a host array of `codebooks` device pointers (G: the gradients' storage type).
+  template <class G, class X>
+  static void embedding_bwd(G* const* dtables, const X* dx, const token_t* seq, index_t batch, int codebooks,
+                            index_t steps, index_t dim) {
+    using tune = tuning<op::embedding, X>;
+    const index_t rows = batch * steps;
+    if (rows == 0 || dim == 0) return;
+    detail::require(rows <= 0x7fffffff, "embedding_bwd", "batch·steps must be below 2^31");
+    context& ctx = current();
+    const int n = static_cast<int>(rows);
+    std::size_t sort_bytes = 0;
+    ETUDE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const unsigned*>(nullptr),
+                                                     static_cast<unsigned*>(nullptr), static_cast<const int*>(nullptr),
+                                                     static_cast<int*>(nullptr), n, 0, 32, ctx.stream()));
+    const std::size_t arr = context::round_up(sizeof(int) * static_cast<std::size_t>(n), 256);
+    auto* base = static_cast<unsigned char*>(ctx.scratch(4 * arr + sort_bytes));
+    auto* keys_in = reinterpret_cast<unsigned*>(base);
+    auto* keys_out = reinterpret_cast<unsigned*>(base + arr);
+    auto* rows_in = reinterpret_cast<int*>(base + 2 * arr);
+    auto* rows_out = reinterpret_cast<int*>(base + 3 * arr);
+    void* temp = base + 4 * arr;
+    for (int k = 0; k < codebooks; ++k) {
+      ETUDE_LAUNCH(detail::embedding_gather_keys, detail::grid_for(rows, 256, 8), 256, 0, ctx.stream())
+          (keys_in, rows_in, seq, steps, codebooks, k, rows);
+      ETUDE_CUDA_CHECK_LAUNCH("embedding_gather_keys");
+      std::size_t bytes = sort_bytes;
+      ETUDE_CUDA_CHECK(
+          cub::DeviceRadixSort::SortPairs(temp, bytes, keys_in, keys_out, rows_in, rows_out, n, 0, 32, ctx.stream()));
+      ETUDE_LAUNCH(detail::embedding_accumulate, static_cast<unsigned>(rows), tune::threads, 0, ctx.stream())
+          (dev(dtables[k]), dev(dx), keys_out, rows_out, rows, dim);
+      ETUDE_CUDA_CHECK_LAUNCH("embedding_accumulate");
+    }
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_embedding;
+}  // namespace etude::backend

@@ -1,4 +1,4 @@
-// The CUDA step executor (ops/step_executor.hpp): one device, its context (stream, cuBLASLt,
+// The CUDA step executor (ops/step_executor.hpp), cuda_step_executor: one device, its context (stream, cuBLASLt,
 // scratch), and everything that makes etude::trainer's one step body a device step:
 //   - the training state in device buffers, with host mirrors kept by the trainer;
 //   - the per-step scalars in a pinned struct the host writes between steps; the step's first
@@ -92,8 +92,7 @@ inline int checked_device(int device) {
 
 namespace etude {
 
-template <>
-class step_executor<backend::cuda> {
+class cuda_step_executor {
  public:
   static constexpr bool host_resident = false;
 
@@ -107,7 +106,7 @@ class step_executor<backend::cuda> {
     }
   };
 
-  explicit step_executor(int device = -1) : ctx_(cuda::detail::checked_device(device)) {
+  explicit cuda_step_executor(int device = -1) : ctx_(cuda::detail::checked_device(device)) {
     cuda::scope sc(ctx_);
     copy_stream_ = cuda::detail::make_stream(cudaStreamNonBlocking);
     for (input_slot& in : slots_) {
@@ -115,9 +114,9 @@ class step_executor<backend::cuda> {
       in.released = cuda::detail::make_event();
     }
   }
-  step_executor(const step_executor&) = delete;
-  step_executor& operator=(const step_executor&) = delete;
-  ~step_executor() {
+  cuda_step_executor(const cuda_step_executor&) = delete;
+  cuda_step_executor& operator=(const cuda_step_executor&) = delete;
+  ~cuda_step_executor() {
     // queued copies and kernels still use the buffers freed after this; a destructor cannot throw
     if (copy_stream_.get() != nullptr) cudaStreamSynchronize(copy_stream_.get());
     if (ctx_.stream() != nullptr) cudaStreamSynchronize(ctx_.stream());
@@ -440,5 +439,12 @@ class step_executor<backend::cuda> {
   std::vector<cuda::detail::event_handle> marks_;  // mark()'s events, reused from step to step
   std::size_t marks_used_ = 0;
 };
+
+static_assert(step_executor<cuda_step_executor>);
+
+namespace backend {
+// backend::cuda's executor, and that of every backend derived from it (ops/step_executor.hpp).
+cuda_step_executor step_executor_for(const cuda*);
+}  // namespace backend
 
 }  // namespace etude

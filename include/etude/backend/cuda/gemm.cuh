@@ -8,6 +8,9 @@
 // cuBLASLt computes in column-major, so the row-major product is run as Cᵀ = op(B)ᵀ·op(A)ᵀ.
 // 16-bit operands want leading dimensions that are multiples of 8 and 16-byte aligned pointers
 // (the tensor-core algorithms); other layouts may find a slower algorithm or none (an error).
+// gemm_gelu and gemm_gelu_bwd are the product followed by elementwise.cuh's GELU kernels
+// (cuBLASLt's GELU epilogue is the tanh approximation, which the model, AudioCraft's exact erf,
+// cannot use).
 // Not for: batched or strided-batched products (attention has its own kernels).
 #pragma once
 
@@ -24,6 +27,7 @@
 #include "etude/backend/cuda/detail/common.cuh"
 #include "etude/backend/cuda/detail/launch.cuh"
 #include "etude/backend/cuda/dtype.cuh"
+#include "etude/backend/cuda/elementwise.cuh"
 #include "etude/core/types.hpp"
 
 namespace etude::cuda {
@@ -91,43 +95,80 @@ inline std::unique_ptr<gemm_plan> make_gemm_plan(context& ctx, const gemm_key& k
 
 }  // namespace detail
 
-// Row-major C(m, n) = alpha · op(A)(m, k) · op(B)(k, n) + beta · C on the current context's stream.
-template <class TA, class TB, class TC>
-void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alpha, const TA* a, index_t lda,
-          const TB* b, index_t ldb, float beta, TC* c, index_t ldc) {
-  static_assert(std::is_same_v<TA, TB>, "cuda::gemm: A and B must have the same storage type");
-  static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
-                "cuda::gemm: C must have the operands' storage type or be float");
-  const char* op = "gemm";
-  detail::require(m >= 0 && n >= 0 && k >= 0, op, "negative dimension");
-  if (m == 0 || n == 0) return;
-  detail::require(lda >= (trans_a ? m : k) && lda >= 1, op, "lda (" + std::to_string(lda) + ") is below op(A)'s row length");
-  detail::require(ldb >= (trans_b ? k : n) && ldb >= 1, op, "ldb (" + std::to_string(ldb) + ") is below op(B)'s row length");
-  detail::require(ldc >= n, op, "ldc (" + std::to_string(ldc) + ") is below n (" + std::to_string(n) + ")");
-  context& ctx = current();
-  if (k == 0) {
-    ETUDE_LAUNCH(detail::scale_matrix, detail::grid_for(m * n, 256, 8), 256, 0, ctx.stream())(dev(c), m, n, ldc, beta);
-    ETUDE_CUDA_CHECK_LAUNCH("scale_matrix");
-    return;
+// The matrix products (ops/gemm.hpp), with the GELU epilogues; backend::cuda inherits them.
+struct cuda_gemm {
+  // Bytes of gemm workspace the caller must pass: none, cuBLASLt's lives in the context.
+  template <class Policy>
+  static constexpr index_t gemm_workspace_bytes() {
+    return 0;
   }
-  const detail::gemm_key key{trans_a,
-                             trans_b,
-                             m,
-                             n,
-                             k,
-                             lda,
-                             ldb,
-                             ldc,
-                             device_type<TA>::cuda,
-                             device_type<TB>::cuda,
-                             device_type<TC>::cuda,
-                             std::is_same_v<TA, float> && ctx.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                             detail::alignment_of(a),
-                             detail::alignment_of(b),
-                             detail::alignment_of(c)};
-  const detail::gemm_plan& plan = ctx.gemm_plan(key, [&] { return detail::make_gemm_plan(ctx, key); });
-  ETUDE_CUDA_CHECK(cublasLtMatmul(ctx.lt(), plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
-                                  &plan.algo, ctx.workspace(), ctx.workspace_bytes(), ctx.stream()));
-}
+
+  // Row-major C(m, n) = alpha · op(A)(m, k) · op(B)(k, n) + beta · C on the current context's stream.
+  template <class TA, class TB, class TC>
+  static void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, double alpha, const TA* a, index_t lda,
+                   const TB* b, index_t ldb, double beta, TC* c, index_t ldc, float* /*workspace*/ = nullptr) {
+    const auto alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+    static_assert(std::is_same_v<TA, TB>, "cuda::gemm: A and B must have the same storage type");
+    static_assert(std::is_same_v<TC, TA> || std::is_same_v<TC, float>,
+                  "cuda::gemm: C must have the operands' storage type or be float");
+    const char* op = "gemm";
+    detail::require(m >= 0 && n >= 0 && k >= 0, op, "negative dimension");
+    if (m == 0 || n == 0) return;
+    detail::require(lda >= (trans_a ? m : k) && lda >= 1, op, "lda (" + std::to_string(lda) + ") is below op(A)'s row length");
+    detail::require(ldb >= (trans_b ? k : n) && ldb >= 1, op, "ldb (" + std::to_string(ldb) + ") is below op(B)'s row length");
+    detail::require(ldc >= n, op, "ldc (" + std::to_string(ldc) + ") is below n (" + std::to_string(n) + ")");
+    context& ctx = current();
+    if (k == 0) {
+      ETUDE_LAUNCH(detail::scale_matrix, detail::grid_for(m * n, 256, 8), 256, 0, ctx.stream())(dev(c), m, n, ldc, beta32);
+      ETUDE_CUDA_CHECK_LAUNCH("scale_matrix");
+      return;
+    }
+    const detail::gemm_key key{trans_a,
+                               trans_b,
+                               m,
+                               n,
+                               k,
+                               lda,
+                               ldb,
+                               ldc,
+                               device_type<TA>::cuda,
+                               device_type<TB>::cuda,
+                               device_type<TC>::cuda,
+                               std::is_same_v<TA, float> && ctx.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                               detail::alignment_of(a),
+                               detail::alignment_of(b),
+                               detail::alignment_of(c)};
+    const detail::gemm_plan& plan = ctx.gemm_plan(key, [&] { return detail::make_gemm_plan(ctx, key); });
+    ETUDE_CUDA_CHECK(cublasLtMatmul(ctx.lt(), plan.op, &alpha32, b, plan.a, a, plan.b, &beta32, c, plan.c, c, plan.c,
+                                    &plan.algo, ctx.workspace(), ctx.workspace_bytes(), ctx.stream()));
+  }
+
+  // pre(m, n) = op(A)·op(B); act = GELU(pre) (exact erf), both with leading dimension ldc.
+  static constexpr bool fuses_gemm_gelu = true;
+  template <class TA, class TB, class TC>
+  static void gemm_gelu(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                        const TB* b, index_t ldb, TC* pre, TC* act, index_t ldc, float* /*workspace*/ = nullptr) {
+    gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, pre, ldc);
+    gelu_rows(act, pre, m, n, ldc);
+  }
+
+  // dy(m, n) = op(A)·op(B), then dy = dy·GELU'(pre), both with leading dimension ldc: the product,
+  // then the elementwise kernel (over the whole matrix when it is dense, else row by row).
+  template <class TA, class TB, class TC>
+  static void gemm_gelu_bwd(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, const TA* a, index_t lda,
+                            const TB* b, index_t ldb, TC* dy, const TC* pre, index_t ldc,
+                            float* /*workspace*/ = nullptr) {
+    gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, dy, ldc);
+    if (ldc == n) {
+      cuda_elementwise::gelu_bwd(dy, pre, m * n);
+    } else {
+      for (index_t r = 0; r < m; ++r) cuda_elementwise::gelu_bwd(dy + r * ldc, pre + r * ldc, n);
+    }
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_gemm;
+}  // namespace etude::backend

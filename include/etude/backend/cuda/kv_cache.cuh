@@ -99,32 +99,44 @@ __global__ void __launch_bounds__(32 * warps)
 
 }  // namespace detail::kv
 
-template <class C, class A>
-void kv_append(C* cache, const A* qkv, index_t batch, index_t n, index_t at, index_t max_steps, index_t dim) {
-  detail::require(at >= 0 && n >= 0 && at + n <= max_steps, "kv_append",
-                  "rows " + std::to_string(at) + " .. " + std::to_string(at + n) + " do not fit a cache of " +
-                      std::to_string(max_steps) + " rows");
-  const index_t total = batch * n * 2 * dim;
-  if (total <= 0) return;
-  using tune = tuning<op::elementwise, C>;
-  ETUDE_LAUNCH(detail::kv::kv_append_kernel, detail::elementwise_grid<tune>(total), tune::threads, 0,
-               current().stream())
-      (dev(cache), dev(qkv), batch, n, at, max_steps, dim);
-  ETUDE_CUDA_CHECK_LAUNCH("kv_append_kernel");
-}
+// The key/value cache of decoding (ops/kv_cache.hpp); backend::cuda inherits it.
+struct cuda_kv_cache {
+  template <class C, class A>
+  static void kv_append(C* cache, const A* qkv, index_t batch, index_t n, index_t at, index_t max_steps, index_t dim) {
+    detail::require(at >= 0 && n >= 0 && at + n <= max_steps, "kv_append",
+                    "rows " + std::to_string(at) + " .. " + std::to_string(at + n) + " do not fit a cache of " +
+                        std::to_string(max_steps) + " rows");
+    const index_t total = batch * n * 2 * dim;
+    if (total <= 0) return;
+    using tune = tuning<op::elementwise, C>;
+    ETUDE_LAUNCH(detail::kv::kv_append_kernel, detail::elementwise_grid<tune>(total), tune::threads, 0,
+                 current().stream())
+        (dev(cache), dev(qkv), batch, n, at, max_steps, dim);
+    ETUDE_CUDA_CHECK_LAUNCH("kv_append_kernel");
+  }
 
-template <int HeadDim, class A, class C>
-void cached_attention(A* att, const A* qkv, const C* cache, index_t batch, index_t len, index_t max_steps, int heads) {
-  static_assert(attention_head_dims::contains(HeadDim),
-                "cached_attention: no kernel for this head dimension; supported: etude::cuda::attention_head_dims");
-  detail::require(len >= 1 && len <= max_steps, "cached_attention",
-                  "cache length " + std::to_string(len) + " outside 1 .. " + std::to_string(max_steps));
-  if (batch == 0) return;
-  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
-  ETUDE_LAUNCH((detail::kv::cached_attention_kernel<device_t<A>, device_t<C>, HeadDim>),
-               static_cast<unsigned>(batch * heads), 32 * detail::kv::warps, 0, current().stream())
-      (dev(att), dev(qkv), dev(cache), len, max_steps, heads, scale);
-  ETUDE_CUDA_CHECK_LAUNCH("cached_attention_kernel");
-}
+  // The kernel keeps its partial sums in registers and shared memory: no scratch.
+  static constexpr index_t cached_attention_scratch(index_t /*max_steps*/, int /*heads*/ = 0, int /*threads*/ = 1) {
+    return 0;
+  }
+  template <int HeadDim, class A, class C>
+  static void cached_attention(A* att, const A* qkv, const C* cache, index_t batch, index_t len, index_t max_steps,
+                               int heads, void* /*scratch*/ = nullptr, index_t /*scratch_size*/ = 0) {
+    static_assert(attention_head_dims::contains(HeadDim),
+                  "cached_attention: no kernel for this head dimension; supported: etude::cuda::attention_head_dims");
+    detail::require(len >= 1 && len <= max_steps, "cached_attention",
+                    "cache length " + std::to_string(len) + " outside 1 .. " + std::to_string(max_steps));
+    if (batch == 0) return;
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(HeadDim)));
+    ETUDE_LAUNCH((detail::kv::cached_attention_kernel<device_t<A>, device_t<C>, HeadDim>),
+                 static_cast<unsigned>(batch * heads), 32 * detail::kv::warps, 0, current().stream())
+        (dev(att), dev(qkv), dev(cache), len, max_steps, heads, scale);
+    ETUDE_CUDA_CHECK_LAUNCH("cached_attention_kernel");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_kv_cache;
+}  // namespace etude::backend

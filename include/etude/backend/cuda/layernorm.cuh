@@ -169,45 +169,53 @@ void layernorm_fwd_launch(Y* y, float* mean, float* rstd, const X* x, const X* r
 
 }  // namespace detail
 
-// y = LayerNorm(x)·gamma + beta; mean, rstd (rows) in float. Y, X: activations; W: parameters.
-template <class Y, class X, class W>
-void layernorm_fwd(Y* y, float* mean, float* rstd, const X* x, const W* gamma, const W* beta, index_t rows,
-                   index_t dim) {
-  detail::check_layernorm<X>("layernorm_fwd", rows, dim, {y, x, gamma, beta});
-  if (rows == 0) return;
-  detail::layernorm_fwd_launch(y, mean, rstd, x, static_cast<const X*>(nullptr), static_cast<X*>(nullptr), gamma,
-                               beta, rows, dim);
-}
+// LayerNorm (ops/layernorm.hpp), with its residual fusion; backend::cuda inherits it.
+struct cuda_layernorm {
+  // y = LayerNorm(x)·gamma + beta; mean, rstd (rows) in float. Y, X: activations; W: parameters.
+  template <class Y, class X, class W>
+  static void layernorm_fwd(Y* y, float* mean, float* rstd, const X* x, const W* gamma, const W* beta, index_t rows,
+                            index_t dim) {
+    detail::check_layernorm<X>("layernorm_fwd", rows, dim, {y, x, gamma, beta});
+    if (rows == 0) return;
+    detail::layernorm_fwd_launch(y, mean, rstd, x, static_cast<const X*>(nullptr), static_cast<X*>(nullptr), gamma,
+                                 beta, rows, dim);
+  }
 
-// x_mid = x + r, y = LayerNorm(x_mid): the residual add fused into the norm that follows it.
-template <class Y, class X, class W>
-void residual_layernorm_fwd(X* x_mid, Y* y, float* mean, float* rstd, const X* x, const X* r, const W* gamma,
-                            const W* beta, index_t rows, index_t dim) {
-  detail::check_layernorm<X>("residual_layernorm_fwd", rows, dim, {x_mid, y, x, r, gamma, beta});
-  if (rows == 0) return;
-  detail::layernorm_fwd_launch(y, mean, rstd, x, r, x_mid, gamma, beta, rows, dim);
-}
+  static constexpr bool fuses_residual_layernorm = true;
+  // x_mid = x + r, y = LayerNorm(x_mid): the residual add fused into the norm that follows it.
+  template <class Y, class X, class W>
+  static void residual_layernorm_fwd(X* x_mid, Y* y, float* mean, float* rstd, const X* x, const X* r, const W* gamma,
+                                     const W* beta, index_t rows, index_t dim) {
+    detail::check_layernorm<X>("residual_layernorm_fwd", rows, dim, {x_mid, y, x, r, gamma, beta});
+    if (rows == 0) return;
+    detail::layernorm_fwd_launch(y, mean, rstd, x, r, x_mid, gamma, beta, rows, dim);
+  }
 
-// dx += LayerNorm'(dy); dgamma += Σ dy·x̂; dbeta += Σ dy (G: the gradients' storage type).
-template <class DX, class G, class DY, class X, class W>
-void layernorm_bwd(DX* dx, G* dgamma, G* dbeta, const DY* dy, const X* x, const float* mean, const float* rstd,
-                   const W* gamma, index_t rows, index_t dim) {
-  detail::check_layernorm<X>("layernorm_bwd", rows, dim, {dx, dy, x, gamma});
-  if (rows == 0) return;
-  using tune = tuning<op::layernorm, X>;
-  context& ctx = current();
-  const index_t blocks = (rows + tune::bwd_rows - 1) / tune::bwd_rows;
-  detail::require(blocks <= (index_t{1} << 30), "layernorm_bwd", "too many rows");
-  auto* partial = static_cast<float*>(ctx.scratch(sizeof(float) * 2 * static_cast<std::size_t>(blocks * dim)));
-  ETUDE_LAUNCH((detail::layernorm_bwd_kernel<device_t<DX>, device_t<DY>, device_t<X>, device_t<W>, tune::vec,
-                                             tune::warps, tune::bwd_rows>),
-               static_cast<unsigned>(blocks), 32 * tune::warps, 0, ctx.stream())
-      (dev(dx), partial, dev(dy), dev(x), mean, rstd, dev(gamma), rows, static_cast<int>(dim));
-  ETUDE_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
-  ETUDE_LAUNCH(detail::layernorm_param_grads<device_t<G>>, static_cast<unsigned>((dim + 255) / 256), 256, 0,
-               ctx.stream())
-      (dev(dgamma), dev(dbeta), partial, static_cast<int>(blocks), static_cast<int>(dim));
-  ETUDE_CUDA_CHECK_LAUNCH("layernorm_param_grads");
-}
+  // dx += LayerNorm'(dy); dgamma += Σ dy·x̂; dbeta += Σ dy (G: the gradients' storage type).
+  template <class DX, class G, class DY, class X, class W>
+  static void layernorm_bwd(DX* dx, G* dgamma, G* dbeta, const DY* dy, const X* x, const float* mean, const float* rstd,
+                            const W* gamma, index_t rows, index_t dim) {
+    detail::check_layernorm<X>("layernorm_bwd", rows, dim, {dx, dy, x, gamma});
+    if (rows == 0) return;
+    using tune = tuning<op::layernorm, X>;
+    context& ctx = current();
+    const index_t blocks = (rows + tune::bwd_rows - 1) / tune::bwd_rows;
+    detail::require(blocks <= (index_t{1} << 30), "layernorm_bwd", "too many rows");
+    auto* partial = static_cast<float*>(ctx.scratch(sizeof(float) * 2 * static_cast<std::size_t>(blocks * dim)));
+    ETUDE_LAUNCH((detail::layernorm_bwd_kernel<device_t<DX>, device_t<DY>, device_t<X>, device_t<W>, tune::vec,
+                                               tune::warps, tune::bwd_rows>),
+                 static_cast<unsigned>(blocks), 32 * tune::warps, 0, ctx.stream())
+        (dev(dx), partial, dev(dy), dev(x), mean, rstd, dev(gamma), rows, static_cast<int>(dim));
+    ETUDE_CUDA_CHECK_LAUNCH("layernorm_bwd_kernel");
+    ETUDE_LAUNCH(detail::layernorm_param_grads<device_t<G>>, static_cast<unsigned>((dim + 255) / 256), 256, 0,
+                 ctx.stream())
+        (dev(dgamma), dev(dbeta), partial, static_cast<int>(blocks), static_cast<int>(dim));
+    ETUDE_CUDA_CHECK_LAUNCH("layernorm_param_grads");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_layernorm;
+}  // namespace etude::backend

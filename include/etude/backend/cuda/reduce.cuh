@@ -56,26 +56,6 @@ __global__ void non_finite_kernel(const D* x, index_t n, int* bad) {
 
 }  // namespace detail
 
-// *out = Σ x² in double, deterministic; out is device memory. No synchronisation.
-template <class T>
-void sum_squares(const T* x, index_t n, double* out) {
-  if (n <= 0) {
-    ETUDE_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), current().stream()));
-    return;
-  }
-  using tune = tuning<op::reduce, T>;
-  context& ctx = current();
-  const index_t chunks = (n + tune::chunk - 1) / tune::chunk;
-  const int blocks = static_cast<int>(std::min<index_t>(chunks, tune::max_blocks));
-  auto* partial = static_cast<double*>(ctx.scratch(sizeof(double) * tune::max_blocks));
-  ETUDE_LAUNCH((detail::sum_squares_partial<device_t<T>, tune::threads, tune::chunk>), blocks, tune::threads, 0,
-               ctx.stream())
-      (dev(x), n, partial);
-  ETUDE_CUDA_CHECK_LAUNCH("sum_squares_partial");
-  ETUDE_LAUNCH((detail::sum_partials<tune::threads, false>), 1, tune::threads, 0, ctx.stream())(partial, blocks, out);
-  ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
-}
-
 // Sets *bad (device int) to 1 when x holds a NaN or an infinity; never clears it, so several
 // tensors can be checked into one flag.
 template <class T>
@@ -88,17 +68,44 @@ void all_finite_async(const T* x, index_t n, int* bad) {
   ETUDE_CUDA_CHECK_LAUNCH("non_finite_kernel");
 }
 
-// No NaN or infinity in x? Synchronises the stream.
-template <class T>
-bool all_finite(const T* x, index_t n) {
-  context& ctx = current();
-  device_buffer<int> bad(1);
-  ETUDE_CUDA_CHECK(cudaMemsetAsync(bad.data(), 0, sizeof(int), ctx.stream()));
-  all_finite_async(x, n, bad.data());
-  int host = 0;
-  ETUDE_CUDA_CHECK(cudaMemcpyAsync(&host, bad.data(), sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
-  ctx.synchronize();
-  return host == 0;
-}
+// The reductions (ops/reduce.hpp); backend::cuda inherits them.
+struct cuda_reduce {
+  // *out = Σ x² in double, deterministic; out is device memory. No synchronisation.
+  template <class T>
+  static void sum_squares(const T* x, index_t n, double* out) {
+    if (n <= 0) {
+      ETUDE_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), current().stream()));
+      return;
+    }
+    using tune = tuning<op::reduce, T>;
+    context& ctx = current();
+    const index_t chunks = (n + tune::chunk - 1) / tune::chunk;
+    const int blocks = static_cast<int>(std::min<index_t>(chunks, tune::max_blocks));
+    auto* partial = static_cast<double*>(ctx.scratch(sizeof(double) * tune::max_blocks));
+    ETUDE_LAUNCH((detail::sum_squares_partial<device_t<T>, tune::threads, tune::chunk>), blocks, tune::threads, 0,
+                 ctx.stream())
+        (dev(x), n, partial);
+    ETUDE_CUDA_CHECK_LAUNCH("sum_squares_partial");
+    ETUDE_LAUNCH((detail::sum_partials<tune::threads, false>), 1, tune::threads, 0, ctx.stream())(partial, blocks, out);
+    ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
+  }
+
+  // No NaN or infinity in x? Synchronises the stream.
+  template <class T>
+  static bool all_finite(const T* x, index_t n) {
+    context& ctx = current();
+    device_buffer<int> bad(1);
+    ETUDE_CUDA_CHECK(cudaMemsetAsync(bad.data(), 0, sizeof(int), ctx.stream()));
+    all_finite_async(x, n, bad.data());
+    int host = 0;
+    ETUDE_CUDA_CHECK(cudaMemcpyAsync(&host, bad.data(), sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
+    ctx.synchronize();
+    return host == 0;
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_reduce;
+}  // namespace etude::backend

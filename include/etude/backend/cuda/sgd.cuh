@@ -90,35 +90,42 @@ __global__ void sgd_device_kernel(M* p, const G* grad, S* buf, P* working, index
 
 }  // namespace detail
 
-// All three pointers are device memory; nothing changes when *skip != 0.
-template <class M, class G, class S, class P = M>
-void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
-                const double* grad_scale, const int* skip, P* working = nullptr) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, M>;
-  ETUDE_LAUNCH((detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
-               detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
-      (dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
-  ETUDE_CUDA_CHECK_LAUNCH("sgd_device_kernel");
-}
+// SGD's update and its check (ops/sgd.hpp); backend::cuda inherits them.
+struct cuda_sgd {
+  // All three pointers are device memory; nothing changes when *skip != 0.
+  template <class M, class G, class S, class P = M>
+  static void sgd_update(M* p, const G* grad, S* buf, index_t n, const optim::sgd_scalars* scalars,
+                         const double* grad_scale, const int* skip, P* working = nullptr) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, M>;
+    ETUDE_LAUNCH((detail::sgd_device_kernel<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::unroll>),
+                 detail::elementwise_grid<tune>(n), tune::threads, 0, current().stream())
+        (dev(p), dev(grad), dev(buf), dev(working), n, scalars, grad_scale, skip);
+    ETUDE_CUDA_CHECK_LAUNCH("sgd_device_kernel");
+  }
 
-// The check of the update (ops/sgd.hpp), as adamw_check: d is the step's decision in device memory.
-template <class M, class G, class S, class P = M>
-void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::sgd_scalars* scalars, step_decision* d,
-               const P* working = nullptr) {
-  if (n <= 0) return;
-  using tune = tuning<op::reduce, M>;
-  context& ctx = current();
-  const int blocks = detail::update_check_blocks<tune>(n);
-  auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
-  const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
-  ETUDE_LAUNCH(
-      (detail::sgd_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
-      blocks, tune::threads, 0, ctx.stream())
-      (dev(p), dev(grad), dev(buf), check_working, n, scalars, d, partial);
-  ETUDE_CUDA_CHECK_LAUNCH("sgd_check_partial");
-  ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
-  ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
-}
+  // The check of the update (ops/sgd.hpp), as adamw_check: d is the step's decision in device memory.
+  template <class M, class G, class S, class P = M>
+  static void sgd_check(const M* p, const G* grad, const S* buf, index_t n, const optim::sgd_scalars* scalars,
+                        step_decision* d, const P* working = nullptr) {
+    if (n <= 0) return;
+    using tune = tuning<op::reduce, M>;
+    context& ctx = current();
+    const int blocks = detail::update_check_blocks<tune>(n);
+    auto* partial = static_cast<index_t*>(ctx.scratch(sizeof(index_t) * tune::max_blocks));
+    const bool check_working = working != nullptr && !std::is_same_v<device_t<P>, device_t<M>>;
+    ETUDE_LAUNCH(
+        (detail::sgd_check_partial<device_t<M>, device_t<G>, device_t<S>, device_t<P>, tune::threads, tune::chunk>),
+        blocks, tune::threads, 0, ctx.stream())
+        (dev(p), dev(grad), dev(buf), check_working, n, scalars, d, partial);
+    ETUDE_CUDA_CHECK_LAUNCH("sgd_check_partial");
+    ETUDE_LAUNCH(detail::refuse_first_kernel<tune::threads>, 1, tune::threads, 0, ctx.stream())(partial, blocks, d);
+    ETUDE_CUDA_CHECK_LAUNCH("refuse_first_kernel");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_sgd;
+}  // namespace etude::backend

@@ -64,22 +64,30 @@ __global__ void __launch_bounds__(Threads)
 
 }  // namespace detail
 
-// *loss += Σ rows' cross-entropy; logits rewritten as above. weight and loss are device memory,
-// read and written when the kernels run: a step captured once as a CUDA graph changes its loss
-// normalisation and loss scale between replays. No synchronisation.
-template <class T>
-void softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, const float* weight, double* loss) {
-  detail::require(card > 0 && rows >= 0 && rows <= 0x7fffffff, "softmax_xent", "card must be positive, rows below 2^31");
-  if (rows == 0) return;
-  using tune = tuning<op::softmax_xent, T>;
-  context& ctx = current();
-  auto* row_loss = static_cast<double*>(ctx.scratch(sizeof(double) * static_cast<std::size_t>(rows)));
-  ETUDE_LAUNCH((detail::softmax_xent_kernel<device_t<T>, tune::threads>), static_cast<unsigned>(rows), tune::threads, 0,
-               ctx.stream())
-      (dev(logits), target, card, weight, row_loss);
-  ETUDE_CUDA_CHECK_LAUNCH("softmax_xent_kernel");
-  ETUDE_LAUNCH((detail::sum_partials<256, true>), 1, 256, 0, ctx.stream())(row_loss, static_cast<int>(rows), loss);
-  ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
-}
+// The loss (ops/softmax_xent.hpp); backend::cuda inherits it.
+struct cuda_softmax_xent {
+  // *loss += Σ rows' cross-entropy; logits rewritten as above. weight and loss are device memory,
+  // read and written when the kernels run: a step captured once as a CUDA graph changes its loss
+  // normalisation and loss scale between replays. No synchronisation.
+  template <class T>
+  static void softmax_xent(T* logits, const token_t* target, index_t rows, index_t card, const float* weight,
+                           double* loss) {
+    detail::require(card > 0 && rows >= 0 && rows <= 0x7fffffff, "softmax_xent", "card must be positive, rows below 2^31");
+    if (rows == 0) return;
+    using tune = tuning<op::softmax_xent, T>;
+    context& ctx = current();
+    auto* row_loss = static_cast<double*>(ctx.scratch(sizeof(double) * static_cast<std::size_t>(rows)));
+    ETUDE_LAUNCH((detail::softmax_xent_kernel<device_t<T>, tune::threads>), static_cast<unsigned>(rows), tune::threads, 0,
+                 ctx.stream())
+        (dev(logits), target, card, weight, row_loss);
+    ETUDE_CUDA_CHECK_LAUNCH("softmax_xent_kernel");
+    ETUDE_LAUNCH((detail::sum_partials<256, true>), 1, 256, 0, ctx.stream())(row_loss, static_cast<int>(rows), loss);
+    ETUDE_CUDA_CHECK_LAUNCH("sum_partials");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_softmax_xent;
+}  // namespace etude::backend

@@ -70,30 +70,38 @@ inline int update_check_blocks(index_t n) {
 
 }  // namespace detail
 
-inline void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
-  ETUDE_LAUNCH(detail::step_control_kernel, 1, 1, 0, current().stream())(in, losses, n, out);
-  ETUDE_CUDA_CHECK_LAUNCH("step_control_kernel");
-}
+// The step's control (ops/step_control.hpp); backend::cuda inherits it.
+struct cuda_step_control {
+  static void step_control(const step_limits* in, const double* losses, int n, step_decision* out) {
+    ETUDE_LAUNCH(detail::step_control_kernel, 1, 1, 0, current().stream())(in, losses, n, out);
+    ETUDE_CUDA_CHECK_LAUNCH("step_control_kernel");
+  }
 
-inline void share_refusal(const step_decision* d, index_t offset, std::int64_t* key) {
-  ETUDE_LAUNCH(detail::share_refusal_kernel, 1, 1, 0, current().stream())(d, offset, key);
-  ETUDE_CUDA_CHECK_LAUNCH("share_refusal_kernel");
-}
-inline void take_refusal(step_decision* d, const std::int64_t* key) {
-  ETUDE_LAUNCH(detail::take_refusal_kernel, 1, 1, 0, current().stream())(d, key);
-  ETUDE_CUDA_CHECK_LAUNCH("take_refusal_kernel");
-}
+  static void share_refusal(const step_decision* d, index_t offset, std::int64_t* key) {
+    ETUDE_LAUNCH(detail::share_refusal_kernel, 1, 1, 0, current().stream())(d, offset, key);
+    ETUDE_CUDA_CHECK_LAUNCH("share_refusal_kernel");
+  }
 
-// x must be 16-byte aligned (device_buffer memory is).
-template <class T>
-void clear_unless(T* x, index_t n, const int* keep) {
-  if (n <= 0) return;
-  using tune = tuning<op::elementwise, float>;
-  const index_t bytes = n * static_cast<index_t>(sizeof(T)), words = bytes / 16;
-  ETUDE_LAUNCH(detail::clear_unless_kernel<tune::unroll>, detail::elementwise_grid<tune>(words > 0 ? words : 1),
-               tune::threads, 0, current().stream())
-      (reinterpret_cast<unsigned char*>(x), words, bytes, keep);
-  ETUDE_CUDA_CHECK_LAUNCH("clear_unless_kernel");
-}
+  static void take_refusal(step_decision* d, const std::int64_t* key) {
+    ETUDE_LAUNCH(detail::take_refusal_kernel, 1, 1, 0, current().stream())(d, key);
+    ETUDE_CUDA_CHECK_LAUNCH("take_refusal_kernel");
+  }
+
+  // x must be 16-byte aligned (device_buffer memory is).
+  template <class T>
+  static void clear_unless(T* x, index_t n, const int* keep) {
+    if (n <= 0) return;
+    using tune = tuning<op::elementwise, float>;
+    const index_t bytes = n * static_cast<index_t>(sizeof(T)), words = bytes / 16;
+    ETUDE_LAUNCH(detail::clear_unless_kernel<tune::unroll>, detail::elementwise_grid<tune>(words > 0 ? words : 1),
+                 tune::threads, 0, current().stream())
+        (reinterpret_cast<unsigned char*>(x), words, bytes, keep);
+    ETUDE_CUDA_CHECK_LAUNCH("clear_unless_kernel");
+  }
+};
 
 }  // namespace etude::cuda
+
+namespace etude::backend {
+using ::etude::cuda::cuda_step_control;
+}  // namespace etude::backend
