@@ -31,10 +31,4 @@
 #include "etude/train/stats.hpp"
 #include "etude/train/trainer.hpp"
 
-namespace etude {
-
-// The trainer on the CPU backend: etude::trainer<Config, backend::cpu>, spelt short.
-template <class Config>
-using cpu_trainer = trainer<Config, backend::cpu>;
-
-}  // namespace etude
+// etude::cpu_trainer<Config> and etude::cuda_trainer<Config> are in train/trainer.hpp.

@@ -169,6 +169,9 @@ TEST_CASE("same seed, same batches: bit-identical training", "[step][determinism
 struct my_cpu : etude::backend::cpu {};
 static_assert(std::is_same_v<etude::step_executor_of<my_cpu>, etude::cpu_step_executor>);
 static_assert(etude::step_executor<etude::step_executor_of<my_cpu>>);
+// The short names of the trainer on each backend (the CUDA one is only named here, never instantiated).
+static_assert(std::is_same_v<etude::cpu_trainer<etude::train_config<lm>>, etude::trainer<etude::train_config<lm>, etude::backend::cpu>>);
+static_assert(std::is_same_v<etude::cuda_trainer<etude::train_config<lm>>, etude::trainer<etude::train_config<lm>, etude::backend::cuda>>);
 
 TEST_CASE("a backend derived from the CPU's trains bit-identically on the CPU's executor", "[step][determinism]") {
   etude::hyper h;

@@ -542,6 +542,19 @@ void trainer<Config, Backend>::prefetch(const batch_view& next) {
   stage_training_batch(next, true);
 }
 
+namespace backend {
+struct cpu;
+struct cuda;
+}  // namespace backend
+
+// The trainer on each backend, spelt short. A CUDA trainer is instantiated in one .cu file, compiled
+// by nvcc (`template class etude::trainer<Config, etude::backend::cuda>;`), and driven from .cpp
+// files that declare it `extern template` (examples/train_tiny_cuda.cu, docs/cuda.md).
+template <class Config>
+using cpu_trainer = trainer<Config, backend::cpu>;
+template <class Config>
+using cuda_trainer = trainer<Config, backend::cuda>;
+
 }  // namespace etude
 
 // The out-of-class definitions, one idea a file (each includes this header, so it compiles alone).

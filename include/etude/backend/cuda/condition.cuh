@@ -8,7 +8,7 @@
 //   sum_rows:             a thread per (example, column) adds the steps in order from zero.
 // In float the results are bit-identical to the CPU's. index: int32 in device memory; mask: the
 // compute type (float) in device memory.
-// Not for: the condition inputs' layout (train/detail/trainer_step.hpp) or cross-attention
+// Not for: the condition inputs' layout (train/detail/trainer_inputs.hpp) or cross-attention
 // (cross_attention.cuh).
 #pragma once
 
