@@ -10,17 +10,17 @@
 //   - Float computations that only reorder sums differ by at most 2·n·2^-24·Σ|terms| (the γ_n bound
 //     of each order), n the number of terms; transcendental functions add a few ulp (1e-6 relative).
 // Each check names its bound where it is used. The ops already written once for every backend
-// (tests/ops/<op>.cpp: layernorm against the fp64 oracle; softmax_xent, embedding, elementwise and
-// reduce against the CPU in float) are compiled into the same programs in CUDA's category
-// (tests/ops/category_cuda.hpp); what stays here is the rest, and CUDA's own questions (a layernorm
-// dim that is no multiple of the vector width, the device query).
+// (tests/ops/<op>.cpp: layernorm against the fp64 oracle; softmax_xent, embedding, elementwise,
+// reduce, adamw, sgd and step_control against the CPU in float) are compiled into the same programs
+// in CUDA's category (tests/ops/category_cuda.hpp); what stays here is the rest (gemm, attention),
+// and CUDA's own questions (a layernorm dim that is no multiple of the vector width, the device
+// query).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -227,122 +227,4 @@ TEST_CASE("flash attention matches the CPU for both head dimensions and odd leng
 TEST_CASE("attention refuses unsupported head dimensions", "[gpu][attention]") {
   const vec qkv(static_cast<std::size_t>(2 * 3 * 96), 0.0f);
   CHECK_THROWS_AS(dev::attention_fwd(dtype::f32, qkv, 1, 2, 1, 96), etude::error);
-}
-
-TEST_CASE("AdamW with fp32 master and a 16-bit working copy, SGD: the step's forms, and the skip flag", "[gpu][optim]") {
-  const std::size_t n = 100003;
-  etude::hyper h;
-  h.beta2 = 0.95;
-  h.weight_decay = 0.1;
-  const auto adam = etude::optim::adamw::make_scalars(h, 1e-3, 7);
-  for (dtype g : {dtype::f32, dtype::bf16})
-    for (double gs : {0.8, 0.4}) {
-      vec p = uniform(n, -1, 1, 100), m = uniform(n, -0.01f, 0.01f, 101), v = uniform(n, 0, 1e-4f, 102);
-      const vec grad = uniform(n, -1, 1, 103, g);
-      vec wp = p, wm = m, wv = v;
-      const int go = 0;
-      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), &adam, &gs, &go,
-                        static_cast<float*>(nullptr));
-      vec gp = p, gm = m, gv = v, gw;
-      dev::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, adam, gs, 0);
-      // the same float formula; contraction into FMA moves a few ulp of the update (|Δp| <= ~lr·10)
-      check_close(gp, wp, 1e-6, 1e-8, "adamw master");
-      check_close(gm, wm, 1e-6, 1e-10, "adamw m");
-      check_close(gv, wv, 1e-6, 1e-12, "adamw v");
-      // the working copy is the new master rounded to bf16
-      vec rounded = round_to(dtype::bf16, gp);
-      check_equal(gw, rounded, "adamw working copy");
-      // a skipped step changes nothing
-      vec sp = p, sm = m, sv = v, sw;
-      dev::adamw(g, dtype::bf16, sp, grad, sm, sv, nullptr, adam, gs, 1);
-      check_equal(sp, p, "skipped adamw master");
-      check_equal(sm, m, "skipped adamw m");
-      check_equal(sv, v, "skipped adamw v");
-    }
-  for (bool nesterov : {false, true})
-    for (bool first : {false, true}) {
-      const etude::optim::sgd_scalars sc{0.01, 0.9, 0.1, nesterov ? 1 : 0, first ? 1 : 0};
-      vec p = uniform(5000, -1, 1, 110), buf = uniform(5000, -1, 1, 111);
-      const vec grad = uniform(5000, -1, 1, 112);
-      vec wp = p, wb = buf;
-      const double gs = 0.5;
-      const int go = 0;
-      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, &sc, &gs, &go, static_cast<float*>(nullptr));
-      dev::sgd(p, grad, buf, sc, gs, 0);
-      check_close(p, wp, 1e-6, 1e-7, "sgd p");
-      check_close(buf, wb, 1e-6, 1e-7, "sgd buf");
-      vec sp = p, sb = buf;
-      dev::sgd(sp, grad, sb, sc, gs, 1);
-      check_equal(sp, p, "skipped sgd p");
-      check_equal(sb, buf, "skipped sgd buf");
-    }
-  // step_control's factor: inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
-  CHECK(dev::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
-  CHECK(dev::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
-  CHECK(dev::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) == Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));
-}
-
-TEST_CASE("adamw_check and sgd_check name the same first refused value as the CPU's, and write nothing", "[gpu][optim]") {
-  const std::size_t n = 100003;  // several blocks of the check's first pass
-  const vec p = uniform(n, -1, 1, 120), m = uniform(n, -0.01f, 0.01f, 121), v = uniform(n, 0, 1e-4f, 122),
-            g = uniform(n, -1, 1, 123);
-  struct variant {
-    const char* what;
-    double lr;
-    std::function<void(vec&, vec&, vec&, vec&)> edit;
-    bool with_working;
-  };
-  const std::vector<variant> variants = {
-      {"a sane learning rate", 1e-3, [](vec&, vec&, vec&, vec&) {}, false},
-      {"lr 1e38", 1e38, [](vec&, vec&, vec&, vec&) {}, false},
-      {"huge gradients in several blocks", 1e-3,
-       [](vec&, vec& gg, vec&, vec&) { gg[70001] = gg[50000] = gg[99999] = 1e20f; }, false},
-      {"the moments of one element", 1e-3,
-       [](vec&, vec& gg, vec& mm, vec&) {
-         gg[81234] = 2e38f;
-         mm[81234] = -2e38f;
-       },
-       false},
-      {"an fp16 working copy", 1e-3, [](vec& pp, vec&, vec&, vec&) { pp[4097] = 7e4f; }, true},
-  };
-  etude::hyper h;
-  for (const variant& c : variants) {
-    INFO(c.what);
-    vec cp = p, cg = g, cm = m, cv = v;
-    c.edit(cp, cg, cm, cv);
-    const auto sc = etude::optim::adamw::make_scalars(h, c.lr, 3);
-    for (int skip : {0, 1}) {
-      INFO("skip " << skip);
-      etude::step_decision want{};
-      want.grad_scale = 0.5;
-      want.skip = skip;
-      want.refused = -1;
-      std::vector<etude::fp16> working(c.with_working ? n : 0);
-      if (c.with_working)
-        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want, working.data());
-      else
-        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
-                         static_cast<const float*>(nullptr));
-      const dev::check_result got = dev::adamw_check(dtype::f16, c.with_working, cp, cg, cm, cv, sc, 0.5, skip);
-      CHECK(got.refused == want.refused);
-      CHECK(got.skip == want.skip);
-      CHECK(got.status == want.status);
-      CHECK(got.unchanged);
-    }
-    // SGD on the same inputs (the moments as its buffer)
-    const etude::optim::sgd_scalars ss{c.lr > 1 ? 1e39 : 0.01, 0.9, 0.1, 1, 0};
-    etude::step_decision want{};
-    want.grad_scale = 0.5;
-    want.refused = -1;
-    std::vector<etude::fp16> working(c.with_working ? n : 0);
-    if (c.with_working)
-      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want, working.data());
-    else
-      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
-                     static_cast<const float*>(nullptr));
-    const dev::check_result got = dev::sgd_check(dtype::f16, c.with_working, cp, cg, cm, ss, 0.5, 0);
-    CHECK(got.refused == want.refused);
-    CHECK(got.status == want.status);
-    CHECK(got.unchanged);
-  }
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <etude/backend/cpu/cpu.hpp>
+#include <etude/config/optim.hpp>
 #include <etude/core/error.hpp>
 
 #include "oracle.hpp"
@@ -195,6 +196,75 @@ inline bool all_finite(dtype t, const vec& x) {
     const auto xs = to_storage<decltype(tag)>(x);
     return cpu::all_finite(xs.data(), static_cast<index_t>(xs.size()));
   });
+}
+
+// AdamW on an fp32 master with fp32 moments through the step's form: grad in `grad`; working copy in
+// `working` (written when working_out is not null).
+inline void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
+                  const optim::adamw::scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(grad, [&](auto gtag) {
+    using G = decltype(gtag);
+    host_dispatch(working, [&](auto wtag) {
+      using W = decltype(wtag);
+      const auto gs = to_storage<G>(g);
+      std::vector<W> w(p.size());
+      cpu::adamw_update(p.data(), gs.data(), m.data(), v.data(), static_cast<index_t>(p.size()), &scalars,
+                        &grad_scale, &skip, working_out != nullptr ? w.data() : static_cast<W*>(nullptr));
+      if (working_out != nullptr) *working_out = to_float(w);
+    });
+  });
+}
+inline void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  cpu::sgd_update(p.data(), g.data(), buf.data(), static_cast<index_t>(p.size()), &scalars, &grad_scale, &skip,
+                  static_cast<float*>(nullptr));
+}
+
+// The optimisers' checks on an fp32 master, fp32 gradients and moments, a working copy of dtype
+// `working` when with_working.
+inline check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m,
+                                const vec& v, const optim::adamw::scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const vec cp = p, cg = g, cm = m, cv = v;
+    const std::vector<W> w(p.size());
+    etude::step_decision d;
+    d.grad_scale = grad_scale;
+    d.skip = skip;
+    d.refused = -1;
+    cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(p.size()), &scalars, &d,
+                     with_working ? w.data() : static_cast<const W*>(nullptr));
+    return check_result{d.refused, d.skip, d.status, cp == p && cm == m && cv == v};
+  });
+}
+inline check_result sgd_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& buf,
+                              const optim::sgd_scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const vec cp = p, cg = g, cb = buf;
+    const std::vector<W> w(p.size());
+    etude::step_decision d;
+    d.grad_scale = grad_scale;
+    d.skip = skip;
+    d.refused = -1;
+    cpu::sgd_check(cp.data(), cg.data(), cb.data(), static_cast<index_t>(p.size()), &scalars, &d,
+                   with_working ? w.data() : static_cast<const W*>(nullptr));
+    return check_result{d.refused, d.skip, d.status, cp == p && cb == buf};
+  });
+}
+
+// step_control's gradient factor for a sum of squares, through a decision of one loss (0)
+inline float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
+  using cpu = etude::backend::cpu;
+  const etude::step_limits limits{max_norm, 1.0 / inv_loss_scale, 1};
+  etude::step_decision d;
+  d.sum_squares = sum_squares;
+  const double zero = 0.0;
+  cpu::step_control(&limits, &zero, 1, &d);
+  return static_cast<float>(d.grad_scale);
 }
 
 }  // namespace etude::test::ops::cpu_runs
