@@ -10,18 +10,17 @@
 //   - Float computations that only reorder sums differ by at most 2·n·2^-24·Σ|terms| (the γ_n bound
 //     of each order), n the number of terms; transcendental functions add a few ulp (1e-6 relative).
 // Each check names its bound where it is used. The ops already written once for every backend
-// (tests/ops/<op>.cpp, against the fp64 oracle: layernorm) are compiled into the same programs in
-// CUDA's category (tests/ops/category_cuda.hpp); what stays here is the rest, and CUDA's own
-// questions (a layernorm dim that is no multiple of the vector width, the device query).
+// (tests/ops/<op>.cpp: layernorm against the fp64 oracle; softmax_xent, embedding, elementwise,
+// reduce, adamw, sgd and step_control against the CPU in float) are compiled into the same programs
+// in CUDA's category (tests/ops/category_cuda.hpp); what stays here is the rest (gemm, attention),
+// and CUDA's own questions (a layernorm dim that is no multiple of the vector width, the device
+// query).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <limits>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -35,7 +34,6 @@
 namespace {
 
 using etude::index_t;
-using etude::token_t;
 using etude::gpu_test::dtype;
 using etude::gpu_test::tokens;
 using etude::gpu_test::vec;
@@ -137,76 +135,6 @@ TEST_CASE("gemm_gelu writes the product and its exact-erf GELU", "[gpu][gemm]") 
   }
 }
 
-TEST_CASE("copy converts, fill_zero zeroes, sinusoid matches AudioCraft's positions", "[gpu][elementwise]") {
-  const vec x = uniform(1001, -3, 3, 8);
-  for (dtype src : {dtype::f32, dtype::bf16, dtype::f16})
-    for (dtype dst : {dtype::f32, dtype::bf16, dtype::f16}) {
-      const vec in = round_to(src, x);
-      // conversion is exact rounding to nearest even: bit-identical to the host's conversion
-      check_equal(dev::convert(dst, src, in), round_to(dst, in), std::string("copy ") + name(src) + "->" + name(dst));
-    }
-  for (dtype t : {dtype::f32, dtype::bf16}) check_equal(dev::fill_zero(t, x), vec(x.size(), 0.0f), "fill_zero");
-  const index_t steps = 1501, dim = 64;
-  vec want(static_cast<std::size_t>(steps * dim));
-  cpu::sinusoid(want.data(), steps, dim);
-  // both in double, rounded once: equal unless the device's cos/sin differ by an ulp of double
-  // right at a float rounding boundary
-  check_close(dev::sinusoid(dtype::f32, steps, dim), want, 0x1p-23, 0x1p-30, "sinusoid f32");
-  check_close(dev::sinusoid(dtype::bf16, steps, dim), round_to(dtype::bf16, want), 0x1p-7, 0x1p-30, "sinusoid bf16");
-}
-
-TEST_CASE("embedding forward and backward match the CPU bit for bit and are deterministic", "[gpu][embedding]") {
-  const index_t batch = 3, steps = 37, dim = 40, card = 7;  // small card: many repeated tokens
-  const int codebooks = 4;
-  std::mt19937 gen(9);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(card));  // card itself: the special token
-  tokens seq(static_cast<std::size_t>(batch * codebooks * steps));
-  for (token_t& t : seq) t = tok(gen);
-  for (dtype t : {dtype::f32, dtype::bf16}) {
-    std::vector<vec> tables;
-    std::vector<const float*> ptrs;
-    for (int k = 0; k < codebooks; ++k) tables.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 10 + k, t));
-    for (auto& tb : tables) ptrs.push_back(tb.data());
-    const vec pos = uniform(static_cast<std::size_t>(steps * dim), -1, 1, 20);
-    // the same float additions in the same order (codebooks, then positions), rounded once
-    vec want(static_cast<std::size_t>(batch * steps * dim));
-    cpu::embedding_fwd(want.data(), seq.data(), ptrs.data(), pos.data(), batch, codebooks, steps, dim);
-    check_equal(dev::embedding_fwd(t, seq, tables, pos, batch, codebooks, steps, dim), round_to(t, want),
-                std::string("embedding_fwd ") + name(t));
-
-    for (dtype g : {dtype::f32, dtype::bf16}) {
-      const vec dx = uniform(static_cast<std::size_t>(batch * steps * dim), -1, 1, 30, t);
-      std::vector<vec> want_d, got_d, again;
-      for (int k = 0; k < codebooks; ++k) want_d.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 40 + k, g));
-      got_d = want_d;
-      again = want_d;
-      if (g == dtype::f32) {
-        std::vector<float*> dp;
-        for (auto& d : want_d) dp.push_back(d.data());
-        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
-      } else {
-        std::vector<std::vector<etude::bf16>> h(want_d.size());
-        std::vector<etude::bf16*> dp;
-        for (std::size_t k = 0; k < want_d.size(); ++k) {
-          for (float v : want_d[k]) h[k].push_back(etude::bf16(v));
-          dp.push_back(h[k].data());
-        }
-        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
-        for (std::size_t k = 0; k < want_d.size(); ++k)
-          for (std::size_t i = 0; i < h[k].size(); ++i) want_d[k][i] = static_cast<float>(h[k][i]);
-      }
-      dev::embedding_bwd(g, t, got_d, dx, seq, batch, codebooks, steps, dim);
-      dev::embedding_bwd(g, t, again, dx, seq, batch, codebooks, steps, dim);
-      for (int k = 0; k < codebooks; ++k) {
-        // rows added in the CPU's order (positions ascending) from the same start: identical
-        check_equal(got_d[static_cast<std::size_t>(k)], want_d[static_cast<std::size_t>(k)],
-                    std::string("embedding_bwd ") + name(t) + " grads " + name(g));
-        CHECK(bit_identical(got_d[static_cast<std::size_t>(k)], again[static_cast<std::size_t>(k)]));
-      }
-    }
-  }
-}
-
 TEST_CASE("layernorm refuses a dim that is no multiple of the vector width", "[gpu][layernorm]") {
   const vec x(3 * 20, 1.0f), g(20, 1.0f), b(20, 0.0f);
   CHECK_THROWS_AS(dev::layernorm_fwd(dtype::f32, x, {}, g, b, 3, 20), etude::error);
@@ -299,183 +227,4 @@ TEST_CASE("flash attention matches the CPU for both head dimensions and odd leng
 TEST_CASE("attention refuses unsupported head dimensions", "[gpu][attention]") {
   const vec qkv(static_cast<std::size_t>(2 * 3 * 96), 0.0f);
   CHECK_THROWS_AS(dev::attention_fwd(dtype::f32, qkv, 1, 2, 1, 96), etude::error);
-}
-
-TEST_CASE("gelu forward and backward match the CPU", "[gpu][elementwise]") {
-  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
-    const vec x = uniform(10007, -6, 6, 70, t), dy = uniform(10007, -2, 2, 71, t);
-    vec y(x.size());
-    cpu::gelu_fwd(y.data(), x.data(), static_cast<index_t>(x.size()));
-    // erf/exp within a few ulp on each side (CUDA's erff: 2 ulp; the CPU's: 3 ulp), then one rounding
-    check_close(dev::gelu_fwd(t, x), y, unit_roundoff(t) + 2e-6, 1e-7, std::string("gelu_fwd ") + name(t));
-    vec dx = dy;
-    cpu::gelu_bwd(dx.data(), x.data(), static_cast<index_t>(x.size()));
-    check_close(dev::gelu_bwd(t, dy, x), dx, unit_roundoff(t) + 2e-6, 1e-7, std::string("gelu_bwd ") + name(t));
-  }
-}
-
-TEST_CASE("softmax cross-entropy: loss, in-place gradients, ignored rows, weight 0", "[gpu][loss]") {
-  const index_t rows = 53, card = 300;
-  std::mt19937 gen(80);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(card) - 1);
-  tokens target(static_cast<std::size_t>(rows));
-  for (std::size_t i = 0; i < target.size(); ++i) target[i] = i % 7 == 3 ? -1 : tok(gen);
-  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
-    for (float weight : {0.25f, 0.0f}) {
-      const vec logits = uniform(static_cast<std::size_t>(rows * card), -4, 4, 81, t);
-      vec want = logits, got = logits;
-      double loss = 0.0;
-      cpu::softmax_xent(want.data(), target.data(), rows, card, &weight, &loss);
-      const double got_loss = dev::softmax_xent(t, got, target, rows, card, weight);
-      // per row: lse in float (max, Σexp over card terms, log): <= (card + 4)·2^-24·(|lse| + 4) each
-      CHECK(std::fabs(got_loss - loss) <= rows * (card + 4) * 0x1p-24 * 16);
-      if (weight == 0.0f) {
-        check_equal(got, logits, std::string("softmax_xent weight 0 leaves logits ") + name(t));
-      } else {
-        check_close(got, want, unit_roundoff(t) + 1e-5, 1e-7, std::string("softmax_xent grads ") + name(t));
-        for (std::size_t r = 0; r < target.size(); ++r)
-          if (target[r] < 0)
-            for (index_t j = 0; j < card; ++j) CHECK(got[r * static_cast<std::size_t>(card) + static_cast<std::size_t>(j)] == 0.0f);
-      }
-      vec again = logits;
-      CHECK(dev::softmax_xent(t, again, target, rows, card, weight) == got_loss);  // deterministic sum
-      CHECK(bit_identical(again, got));
-    }
-}
-
-TEST_CASE("sum of squares and finiteness", "[gpu][reduce]") {
-  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
-    const vec x = uniform(1234567, -2, 2, 90, t);  // several chunks and a ragged end
-    double want = 0.0;
-    cpu::sum_squares(x.data(), static_cast<index_t>(x.size()), &want);
-    const double got = dev::sum_squares(t, x);
-    CHECK(std::fabs(got - want) <= 1e-12 * want);  // double sums of n terms in two orders
-    CHECK(dev::sum_squares(t, x) == got);           // fixed order: the same bits
-    CHECK(dev::all_finite(t, x));
-    vec bad = x;
-    bad[777777] = std::numeric_limits<float>::infinity();
-    CHECK_FALSE(dev::all_finite(t, bad));
-    bad = x;
-    bad[1234566] = std::numeric_limits<float>::quiet_NaN();
-    CHECK_FALSE(dev::all_finite(t, bad));
-  }
-  CHECK(dev::sum_squares(dtype::f32, vec{}) == 0.0);
-}
-
-TEST_CASE("AdamW with fp32 master and a 16-bit working copy, SGD: the step's forms, and the skip flag", "[gpu][optim]") {
-  const std::size_t n = 100003;
-  etude::hyper h;
-  h.beta2 = 0.95;
-  h.weight_decay = 0.1;
-  const auto adam = etude::optim::adamw::make_scalars(h, 1e-3, 7);
-  for (dtype g : {dtype::f32, dtype::bf16})
-    for (double gs : {0.8, 0.4}) {
-      vec p = uniform(n, -1, 1, 100), m = uniform(n, -0.01f, 0.01f, 101), v = uniform(n, 0, 1e-4f, 102);
-      const vec grad = uniform(n, -1, 1, 103, g);
-      vec wp = p, wm = m, wv = v;
-      const int go = 0;
-      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), &adam, &gs, &go,
-                        static_cast<float*>(nullptr));
-      vec gp = p, gm = m, gv = v, gw;
-      dev::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, adam, gs, 0);
-      // the same float formula; contraction into FMA moves a few ulp of the update (|Δp| <= ~lr·10)
-      check_close(gp, wp, 1e-6, 1e-8, "adamw master");
-      check_close(gm, wm, 1e-6, 1e-10, "adamw m");
-      check_close(gv, wv, 1e-6, 1e-12, "adamw v");
-      // the working copy is the new master rounded to bf16
-      vec rounded = round_to(dtype::bf16, gp);
-      check_equal(gw, rounded, "adamw working copy");
-      // a skipped step changes nothing
-      vec sp = p, sm = m, sv = v, sw;
-      dev::adamw(g, dtype::bf16, sp, grad, sm, sv, nullptr, adam, gs, 1);
-      check_equal(sp, p, "skipped adamw master");
-      check_equal(sm, m, "skipped adamw m");
-      check_equal(sv, v, "skipped adamw v");
-    }
-  for (bool nesterov : {false, true})
-    for (bool first : {false, true}) {
-      const etude::optim::sgd_scalars sc{0.01, 0.9, 0.1, nesterov ? 1 : 0, first ? 1 : 0};
-      vec p = uniform(5000, -1, 1, 110), buf = uniform(5000, -1, 1, 111);
-      const vec grad = uniform(5000, -1, 1, 112);
-      vec wp = p, wb = buf;
-      const double gs = 0.5;
-      const int go = 0;
-      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, &sc, &gs, &go, static_cast<float*>(nullptr));
-      dev::sgd(p, grad, buf, sc, gs, 0);
-      check_close(p, wp, 1e-6, 1e-7, "sgd p");
-      check_close(buf, wb, 1e-6, 1e-7, "sgd buf");
-      vec sp = p, sb = buf;
-      dev::sgd(sp, grad, sb, sc, gs, 1);
-      check_equal(sp, p, "skipped sgd p");
-      check_equal(sb, buf, "skipped sgd buf");
-    }
-  // step_control's factor: inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
-  CHECK(dev::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
-  CHECK(dev::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
-  CHECK(dev::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) == Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));
-}
-
-TEST_CASE("adamw_check and sgd_check name the same first refused value as the CPU's, and write nothing", "[gpu][optim]") {
-  const std::size_t n = 100003;  // several blocks of the check's first pass
-  const vec p = uniform(n, -1, 1, 120), m = uniform(n, -0.01f, 0.01f, 121), v = uniform(n, 0, 1e-4f, 122),
-            g = uniform(n, -1, 1, 123);
-  struct variant {
-    const char* what;
-    double lr;
-    std::function<void(vec&, vec&, vec&, vec&)> edit;
-    bool with_working;
-  };
-  const std::vector<variant> variants = {
-      {"a sane learning rate", 1e-3, [](vec&, vec&, vec&, vec&) {}, false},
-      {"lr 1e38", 1e38, [](vec&, vec&, vec&, vec&) {}, false},
-      {"huge gradients in several blocks", 1e-3,
-       [](vec&, vec& gg, vec&, vec&) { gg[70001] = gg[50000] = gg[99999] = 1e20f; }, false},
-      {"the moments of one element", 1e-3,
-       [](vec&, vec& gg, vec& mm, vec&) {
-         gg[81234] = 2e38f;
-         mm[81234] = -2e38f;
-       },
-       false},
-      {"an fp16 working copy", 1e-3, [](vec& pp, vec&, vec&, vec&) { pp[4097] = 7e4f; }, true},
-  };
-  etude::hyper h;
-  for (const variant& c : variants) {
-    INFO(c.what);
-    vec cp = p, cg = g, cm = m, cv = v;
-    c.edit(cp, cg, cm, cv);
-    const auto sc = etude::optim::adamw::make_scalars(h, c.lr, 3);
-    for (int skip : {0, 1}) {
-      INFO("skip " << skip);
-      etude::step_decision want{};
-      want.grad_scale = 0.5;
-      want.skip = skip;
-      want.refused = -1;
-      std::vector<etude::fp16> working(c.with_working ? n : 0);
-      if (c.with_working)
-        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want, working.data());
-      else
-        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
-                         static_cast<const float*>(nullptr));
-      const dev::check_result got = dev::adamw_check(dtype::f16, c.with_working, cp, cg, cm, cv, sc, 0.5, skip);
-      CHECK(got.refused == want.refused);
-      CHECK(got.skip == want.skip);
-      CHECK(got.status == want.status);
-      CHECK(got.unchanged);
-    }
-    // SGD on the same inputs (the moments as its buffer)
-    const etude::optim::sgd_scalars ss{c.lr > 1 ? 1e39 : 0.01, 0.9, 0.1, 1, 0};
-    etude::step_decision want{};
-    want.grad_scale = 0.5;
-    want.refused = -1;
-    std::vector<etude::fp16> working(c.with_working ? n : 0);
-    if (c.with_working)
-      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want, working.data());
-    else
-      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
-                     static_cast<const float*>(nullptr));
-    const dev::check_result got = dev::sgd_check(dtype::f16, c.with_working, cp, cg, cm, ss, 0.5, 0);
-    CHECK(got.refused == want.refused);
-    CHECK(got.status == want.status);
-    CHECK(got.unchanged);
-  }
 }

@@ -15,6 +15,7 @@
 namespace etude::gpu_test {
 
 // the op tests' run-time types (tests/ops/runs.hpp): these runs are the CUDA category's backend
+using etude::test::runs::check_result;
 using etude::test::runs::dtype;
 using etude::test::runs::ln_fwd_out;
 using etude::test::runs::tokens;
@@ -74,13 +75,7 @@ void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec*
            const optim::adamw::scalars& scalars, double grad_scale, int skip);
 void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip);
 // The optimisers' checks on an fp32 master, fp32 gradients and moments, a working copy of dtype
-// `working` when with_working: the decision's `refused` after the check of a decision that runs
-// (skip 0) or skips (skip 1), and whether every input came back unchanged.
-struct check_result {
-  index_t refused;
-  int skip, status;
-  bool unchanged;
-};
+// `working` when with_working (check_result: tests/ops/runs.hpp).
 check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m, const vec& v,
                          const optim::adamw::scalars& scalars, double grad_scale, int skip);
 check_result sgd_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& buf,

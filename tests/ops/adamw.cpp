@@ -1,6 +1,12 @@
-// The AdamW update on the CPU against PyTorch's formula written out in double, over three updates
-// with weight decay, a gradient factor and bias corrections; the skip flag; the working copy; the
-// check that refuses an update which would store a non-finite value, against the update itself.
+// AdamW, written once for every backend (the category file ETUDE_OPS_CATEGORY names it:
+// tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops): the
+// update on an fp32 master with a bf16 working copy against the CPU in float, the skip flag, and the
+// check naming the CPU's first refused value and writing nothing. On the CPU only: the update against
+// PyTorch's formula written out in double, over three updates with weight decay, a gradient factor
+// and bias corrections; the working copy; the check that refuses an update which would store a
+// non-finite value, against the update itself, for any thread count and from the last update's range.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <omp.h>
@@ -19,6 +25,74 @@ using cpu = etude::backend::cpu;
 using etude::backend::cpu_adamw;
 using etude::index_t;
 using namespace etude::test::ops;
+
+// AdamW on an fp32 master with a bf16 working copy, f32 and bf16 gradients, two gradient factors.
+TEST_CASE(TEST_BACKEND_NAME ": AdamW with fp32 master and a 16-bit working copy: the step's form, and the skip flag",
+          "[ops][optim]") {
+  const std::size_t n = 100003;
+  etude::hyper h;
+  h.beta2 = 0.95;
+  h.weight_decay = 0.1;
+  const auto adam = etude::optim::adamw::make_scalars(h, 1e-3, 7);
+  for (dtype g : {dtype::f32, dtype::bf16})
+    for (double gs : {0.8, 0.4}) {
+      vec p = uniform(n, -1, 1, 100), m = uniform(n, -0.01f, 0.01f, 101), v = uniform(n, 0, 1e-4f, 102);
+      const vec grad = uniform(n, -1, 1, 103, g);
+      vec wp = p, wm = m, wv = v;
+      const int go = 0;
+      cpu::adamw_update(wp.data(), grad.data(), wm.data(), wv.data(), static_cast<index_t>(n), &adam, &gs, &go,
+                        static_cast<float*>(nullptr));
+      vec gp = p, gm = m, gv = v, gw;
+      TEST_BACKEND::adamw(g, dtype::bf16, gp, grad, gm, gv, &gw, adam, gs, 0);
+      // the same float formula; contraction into FMA moves a few ulp of the update (|Δp| <= ~lr·10)
+      check_close(gp, wp, 1e-6, 1e-8, "adamw master");
+      check_close(gm, wm, 1e-6, 1e-10, "adamw m");
+      check_close(gv, wv, 1e-6, 1e-12, "adamw v");
+      // the working copy is the new master rounded to bf16
+      vec rounded = round_to(dtype::bf16, gp);
+      check_equal(gw, rounded, "adamw working copy");
+      // a skipped step changes nothing
+      vec sp = p, sm = m, sv = v, sw;
+      TEST_BACKEND::adamw(g, dtype::bf16, sp, grad, sm, sv, nullptr, adam, gs, 1);
+      check_equal(sp, p, "skipped adamw master");
+      check_equal(sm, m, "skipped adamw m");
+      check_equal(sv, v, "skipped adamw v");
+    }
+}
+
+TEST_CASE(TEST_BACKEND_NAME ": adamw_check names the same first refused value as the CPU's, and writes nothing",
+          "[ops][optim]") {
+  const std::size_t n = 100003;  // several blocks of the check's first pass
+  const vec p = uniform(n, -1, 1, 120), m = uniform(n, -0.01f, 0.01f, 121), v = uniform(n, 0, 1e-4f, 122),
+            g = uniform(n, -1, 1, 123);
+  etude::hyper h;
+  for (const refusal_variant& c : refusal_variants()) {
+    INFO(c.what);
+    vec cp = p, cg = g, cm = m, cv = v;
+    c.edit(cp, cg, cm, cv);
+    const auto sc = etude::optim::adamw::make_scalars(h, c.lr, 3);
+    for (int skip : {0, 1}) {
+      INFO("skip " << skip);
+      etude::step_decision want{};
+      want.grad_scale = 0.5;
+      want.skip = skip;
+      want.refused = -1;
+      std::vector<etude::fp16> working(c.with_working ? n : 0);
+      if (c.with_working)
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want, working.data());
+      else
+        cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(n), &sc, &want,
+                         static_cast<const float*>(nullptr));
+      const check_result got = TEST_BACKEND::adamw_check(dtype::f16, c.with_working, cp, cg, cm, cv, sc, 0.5, skip);
+      CHECK(got.refused == want.refused);
+      CHECK(got.skip == want.skip);
+      CHECK(got.status == want.status);
+      CHECK(got.unchanged);
+    }
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("adamw_update follows PyTorch's AdamW", "[ops]") {
   etude::hyper h;
@@ -342,3 +416,5 @@ TEST_CASE("adamw_check from the last update's range decides as the passes over t
   CHECK(believed.refused == -1);
   CHECK(believed.skip == 0);
 }
+
+#endif  // TEST_BACKEND_CPU

@@ -3,9 +3,12 @@
 // double, which the op tests call directly (tests/ops/oracle.hpp).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <etude/backend/cpu/cpu.hpp>
+#include <etude/config/optim.hpp>
+#include <etude/core/error.hpp>
 
 #include "oracle.hpp"
 
@@ -68,6 +71,200 @@ inline void layernorm_bwd(dtype act, dtype grad, vec& dx, vec& dgamma, vec& dbet
       dbeta = to_float(dbs);
     });
   });
+}
+
+// logits in/out; returns the summed loss: the loss alone (weight 0) first, then the weight, into one
+// accumulator that must then hold twice the first sum (as CUDA's run checks).
+inline double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, index_t card, float weight) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto ls = to_storage<T>(logits);
+    const float weights[2] = {0.0f, weight};
+    double loss = 0.0;
+    cpu::softmax_xent(ls.data(), target.data(), rows, card, &weights[0], &loss);
+    const double once = loss;
+    cpu::softmax_xent(ls.data(), target.data(), rows, card, &weights[1], &loss);
+    if (loss != 2.0 * once)
+      throw etude::error("softmax_xent: the second sum (" + std::to_string(loss - once) + ") differs from the first (" +
+                         std::to_string(once) + ") or did not accumulate");
+    logits = to_float(ls);
+    return once;
+  });
+}
+
+// the tables in t, the positions in float (the compute type, as the op set passes them)
+inline vec embedding_fwd(dtype t, const tokens& seq, const std::vector<vec>& tables, const vec& pos, index_t batch,
+                         int codebooks, index_t steps, index_t dim) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<std::vector<T>> ts;
+    std::vector<const T*> ptrs;
+    for (const vec& tb : tables) ts.push_back(to_storage<T>(tb));
+    for (auto& tb : ts) ptrs.push_back(tb.data());
+    std::vector<T> x(static_cast<std::size_t>(batch * steps * dim));
+    cpu::embedding_fwd(x.data(), seq.data(), ptrs.data(), pos.data(), batch, codebooks, steps, dim);
+    return to_float(x);
+  });
+}
+
+// dtables (in/out) in `grad`, dx in `act`.
+inline void embedding_bwd(dtype grad, dtype act, std::vector<vec>& dtables, const vec& dx, const tokens& seq,
+                          index_t batch, int codebooks, index_t steps, index_t dim) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(grad, [&](auto gtag) {
+    using G = decltype(gtag);
+    host_dispatch(act, [&](auto atag) {
+      using X = decltype(atag);
+      const auto dxs = to_storage<X>(dx);
+      std::vector<std::vector<G>> ds;
+      std::vector<G*> ptrs;
+      for (const vec& tb : dtables) ds.push_back(to_storage<G>(tb));
+      for (auto& d : ds) ptrs.push_back(d.data());
+      cpu::embedding_bwd(ptrs.data(), dxs.data(), seq.data(), batch, codebooks, steps, dim);
+      for (std::size_t k = 0; k < ds.size(); ++k) dtables[k] = to_float(ds[k]);
+    });
+  });
+}
+
+// copy from `src` to `dst` storage
+inline vec convert(dtype dst, dtype src, const vec& x) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(src, [&](auto stag) {
+    using S = decltype(stag);
+    const auto xs = to_storage<S>(x);
+    return host_dispatch(dst, [&](auto dtag) {
+      using D = decltype(dtag);
+      std::vector<D> d(x.size());
+      cpu::copy(d.data(), xs.data(), static_cast<index_t>(d.size()));
+      return to_float(d);
+    });
+  });
+}
+inline vec fill_zero(dtype t, const vec& x) {  // the buffer holds x, then is zeroed
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    auto d = to_storage<decltype(tag)>(x);
+    cpu::fill_zero(d.data(), static_cast<index_t>(d.size()));
+    return to_float(d);
+  });
+}
+inline vec sinusoid(dtype t, index_t steps, index_t dim) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    std::vector<decltype(tag)> d(static_cast<std::size_t>(steps * dim));
+    cpu::sinusoid(d.data(), steps, dim);
+    return to_float(d);
+  });
+}
+
+inline vec gelu_fwd(dtype t, const vec& x) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto xs = to_storage<T>(x);
+    std::vector<T> y(x.size());
+    cpu::gelu_fwd(y.data(), xs.data(), static_cast<index_t>(xs.size()));
+    return to_float(y);
+  });
+}
+inline vec gelu_bwd(dtype t, const vec& dy, const vec& x) {  // dy becomes dx, in place
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto d = to_storage<T>(dy);
+    const auto xs = to_storage<T>(x);
+    cpu::gelu_bwd(d.data(), xs.data(), static_cast<index_t>(xs.size()));
+    return to_float(d);
+  });
+}
+
+// through a double holding a stale value (the op writes, not adds)
+inline double sum_squares(dtype t, const vec& x) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    const auto xs = to_storage<decltype(tag)>(x);
+    double out = 7.0;
+    cpu::sum_squares(xs.data(), static_cast<index_t>(xs.size()), &out);
+    return out;
+  });
+}
+inline bool all_finite(dtype t, const vec& x) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    const auto xs = to_storage<decltype(tag)>(x);
+    return cpu::all_finite(xs.data(), static_cast<index_t>(xs.size()));
+  });
+}
+
+// AdamW on an fp32 master with fp32 moments through the step's form: grad in `grad`; working copy in
+// `working` (written when working_out is not null).
+inline void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
+                  const optim::adamw::scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(grad, [&](auto gtag) {
+    using G = decltype(gtag);
+    host_dispatch(working, [&](auto wtag) {
+      using W = decltype(wtag);
+      const auto gs = to_storage<G>(g);
+      std::vector<W> w(p.size());
+      cpu::adamw_update(p.data(), gs.data(), m.data(), v.data(), static_cast<index_t>(p.size()), &scalars,
+                        &grad_scale, &skip, working_out != nullptr ? w.data() : static_cast<W*>(nullptr));
+      if (working_out != nullptr) *working_out = to_float(w);
+    });
+  });
+}
+inline void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  cpu::sgd_update(p.data(), g.data(), buf.data(), static_cast<index_t>(p.size()), &scalars, &grad_scale, &skip,
+                  static_cast<float*>(nullptr));
+}
+
+// The optimisers' checks on an fp32 master, fp32 gradients and moments, a working copy of dtype
+// `working` when with_working.
+inline check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m,
+                                const vec& v, const optim::adamw::scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const vec cp = p, cg = g, cm = m, cv = v;
+    const std::vector<W> w(p.size());
+    etude::step_decision d;
+    d.grad_scale = grad_scale;
+    d.skip = skip;
+    d.refused = -1;
+    cpu::adamw_check(cp.data(), cg.data(), cm.data(), cv.data(), static_cast<index_t>(p.size()), &scalars, &d,
+                     with_working ? w.data() : static_cast<const W*>(nullptr));
+    return check_result{d.refused, d.skip, d.status, cp == p && cm == m && cv == v};
+  });
+}
+inline check_result sgd_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& buf,
+                              const optim::sgd_scalars& scalars, double grad_scale, int skip) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(working, [&](auto wtag) {
+    using W = decltype(wtag);
+    const vec cp = p, cg = g, cb = buf;
+    const std::vector<W> w(p.size());
+    etude::step_decision d;
+    d.grad_scale = grad_scale;
+    d.skip = skip;
+    d.refused = -1;
+    cpu::sgd_check(cp.data(), cg.data(), cb.data(), static_cast<index_t>(p.size()), &scalars, &d,
+                   with_working ? w.data() : static_cast<const W*>(nullptr));
+    return check_result{d.refused, d.skip, d.status, cp == p && cb == buf};
+  });
+}
+
+// step_control's gradient factor for a sum of squares, through a decision of one loss (0)
+inline float clip_scale(double sum_squares, float max_norm, float inv_loss_scale) {
+  using cpu = etude::backend::cpu;
+  const etude::step_limits limits{max_norm, 1.0 / inv_loss_scale, 1};
+  etude::step_decision d;
+  d.sum_squares = sum_squares;
+  const double zero = 0.0;
+  cpu::step_control(&limits, &zero, 1, &d);
+  return static_cast<float>(d.grad_scale);
 }
 
 }  // namespace etude::test::ops::cpu_runs

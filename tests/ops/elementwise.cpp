@@ -1,19 +1,63 @@
-// The elementwise ops on the CPU: exact-erf GELU and its backward, and the vectorised exp, normal
-// density and normal tail they use, against libm.
+// The elementwise ops, written once for every backend (the category file ETUDE_OPS_CATEGORY names
+// it: tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// copy's conversions and fill_zero bit for bit, the sinusoidal positions and GELU forward and
+// backward in f32, bf16 and fp16 within the dtype's bound of the CPU in float on the same values. On
+// the CPU only: exact-erf GELU and its backward against central differences and fp64, and the
+// vectorised exp, normal density and normal tail they use, against libm.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
 
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+TEST_CASE(TEST_BACKEND_NAME ": copy converts, fill_zero zeroes, sinusoid matches AudioCraft's positions",
+          "[ops][elementwise]") {
+  const vec x = uniform(1001, -3, 3, 8);
+  for (dtype src : {dtype::f32, dtype::bf16, dtype::f16})
+    for (dtype dst : {dtype::f32, dtype::bf16, dtype::f16}) {
+      const vec in = round_to(src, x);
+      // conversion is exact rounding to nearest even: bit-identical to the host's conversion
+      check_equal(TEST_BACKEND::convert(dst, src, in), round_to(dst, in),
+                  std::string("copy ") + name(src) + "->" + name(dst));
+    }
+  for (dtype t : {dtype::f32, dtype::bf16}) check_equal(TEST_BACKEND::fill_zero(t, x), vec(x.size(), 0.0f), "fill_zero");
+  const index_t steps = 1501, dim = 64;
+  vec want(static_cast<std::size_t>(steps * dim));
+  cpu::sinusoid(want.data(), steps, dim);
+  // both in double, rounded once: equal unless the device's cos/sin differ by an ulp of double
+  // right at a float rounding boundary
+  check_close(TEST_BACKEND::sinusoid(dtype::f32, steps, dim), want, 0x1p-23, 0x1p-30, "sinusoid f32");
+  check_close(TEST_BACKEND::sinusoid(dtype::bf16, steps, dim), round_to(dtype::bf16, want), 0x1p-7, 0x1p-30,
+              "sinusoid bf16");
+}
+
+TEST_CASE(TEST_BACKEND_NAME ": gelu forward and backward match the CPU", "[ops][elementwise]") {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const vec x = uniform(10007, -6, 6, 70, t), dy = uniform(10007, -2, 2, 71, t);
+    vec y(x.size());
+    cpu::gelu_fwd(y.data(), x.data(), static_cast<index_t>(x.size()));
+    // erf/exp within a few ulp on each side (CUDA's erff: 2 ulp; the CPU's: 3 ulp), then one rounding
+    check_close(TEST_BACKEND::gelu_fwd(t, x), y, unit_roundoff(t) + 2e-6, 1e-7, std::string("gelu_fwd ") + name(t));
+    vec dx = dy;
+    cpu::gelu_bwd(dx.data(), x.data(), static_cast<index_t>(x.size()));
+    check_close(TEST_BACKEND::gelu_bwd(t, dy, x), dx, unit_roundoff(t) + 2e-6, 1e-7,
+                std::string("gelu_bwd ") + name(t));
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("GELU backward matches central differences", "[ops]") {
   auto x = random_vector(40, 8, 4.0);
@@ -177,3 +221,5 @@ TEST_CASE("GELU of bf16 and fp16 activations is the float GELU rounded, for ever
   check_gelu_table<etude::bf16>();
   check_gelu_table<etude::fp16>();
 }
+
+#endif  // TEST_BACKEND_CPU

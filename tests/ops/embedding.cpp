@@ -1,20 +1,84 @@
-// The input embedding on the CPU: the codebook sum's backward against central differences and
-// against the plain loop's order, bit for bit; the positions against AudioCraft's formula.
+// The input embedding, written once for every backend (the category file ETUDE_OPS_CATEGORY names
+// it: tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// forward and backward in f32 and bf16 against the CPU in float on the same values, bit for bit, and
+// two backward runs bit-identical. On the CPU only: the codebook sum's backward against central
+// differences and against the plain loop's order, bit for bit, for any thread count; the positions
+// against AudioCraft's formula.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
+#include <etude/core/rng.hpp>
 
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+TEST_CASE(TEST_BACKEND_NAME ": embedding forward and backward match the CPU bit for bit and are deterministic",
+          "[ops][embedding]") {
+  const index_t batch = 3, steps = 37, dim = 40, card = 7;  // small card: many repeated tokens
+  const int codebooks = 4;
+  std::mt19937 gen(9);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(card));  // card itself: the special token
+  tokens seq(static_cast<std::size_t>(batch * codebooks * steps));
+  for (etude::token_t& t : seq) t = tok(gen);
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    std::vector<vec> tables;
+    std::vector<const float*> ptrs;
+    for (int k = 0; k < codebooks; ++k) tables.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 10 + k, t));
+    for (auto& tb : tables) ptrs.push_back(tb.data());
+    const vec pos = uniform(static_cast<std::size_t>(steps * dim), -1, 1, 20);
+    // the same float additions in the same order (codebooks, then positions), rounded once
+    vec want(static_cast<std::size_t>(batch * steps * dim));
+    cpu::embedding_fwd(want.data(), seq.data(), ptrs.data(), pos.data(), batch, codebooks, steps, dim);
+    check_equal(TEST_BACKEND::embedding_fwd(t, seq, tables, pos, batch, codebooks, steps, dim), round_to(t, want),
+                std::string("embedding_fwd ") + name(t));
+
+    for (dtype g : {dtype::f32, dtype::bf16}) {
+      const vec dx = uniform(static_cast<std::size_t>(batch * steps * dim), -1, 1, 30, t);
+      std::vector<vec> want_d, got_d, again;
+      for (int k = 0; k < codebooks; ++k) want_d.push_back(uniform(static_cast<std::size_t>((card + 1) * dim), -1, 1, 40 + k, g));
+      got_d = want_d;
+      again = want_d;
+      if (g == dtype::f32) {
+        std::vector<float*> dp;
+        for (auto& d : want_d) dp.push_back(d.data());
+        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
+      } else {
+        std::vector<std::vector<etude::bf16>> h(want_d.size());
+        std::vector<etude::bf16*> dp;
+        for (std::size_t k = 0; k < want_d.size(); ++k) {
+          for (float v : want_d[k]) h[k].push_back(etude::bf16(v));
+          dp.push_back(h[k].data());
+        }
+        cpu::embedding_bwd(dp.data(), dx.data(), seq.data(), batch, codebooks, steps, dim);
+        for (std::size_t k = 0; k < want_d.size(); ++k)
+          for (std::size_t i = 0; i < h[k].size(); ++i) want_d[k][i] = static_cast<float>(h[k][i]);
+      }
+      TEST_BACKEND::embedding_bwd(g, t, got_d, dx, seq, batch, codebooks, steps, dim);
+      TEST_BACKEND::embedding_bwd(g, t, again, dx, seq, batch, codebooks, steps, dim);
+      for (int k = 0; k < codebooks; ++k) {
+        // rows added in the CPU's order (positions ascending) from the same start: identical
+        check_equal(got_d[static_cast<std::size_t>(k)], want_d[static_cast<std::size_t>(k)],
+                    std::string("embedding_bwd ") + name(t) + " grads " + name(g));
+        CHECK(bit_identical(got_d[static_cast<std::size_t>(k)], again[static_cast<std::size_t>(k)]));
+      }
+    }
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("embedding sum and its backward", "[ops]") {
   const index_t batch = 2, steps = 3, dim = 4;
@@ -86,3 +150,5 @@ TEST_CASE("embedding backward: each table row's sums in position order, for any 
     check_embedding_order<etude::bf16>(threads);
   }
 }
+
+#endif  // TEST_BACKEND_CPU

@@ -20,6 +20,7 @@
 
 namespace etude::test::ops {
 
+using runs::check_result;
 using runs::dtype;
 using runs::ln_fwd_out;
 using runs::tokens;
@@ -167,6 +168,30 @@ inline bool bit_identical(const vec& a, const vec& b) {
   for (std::size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
   return true;
+}
+
+// Inputs that make an optimiser's check refuse (or not), for the AdamW and SGD cases of every backend:
+// `edit` changes p, g, m and v (m: SGD's buffer) of 100003 elements, several blocks of a check's pass.
+struct refusal_variant {
+  const char* what;
+  double lr;
+  std::function<void(vec&, vec&, vec&, vec&)> edit;
+  bool with_working;
+};
+inline std::vector<refusal_variant> refusal_variants() {
+  return {
+      {"a sane learning rate", 1e-3, [](vec&, vec&, vec&, vec&) {}, false},
+      {"lr 1e38", 1e38, [](vec&, vec&, vec&, vec&) {}, false},
+      {"huge gradients in several blocks", 1e-3,
+       [](vec&, vec& gg, vec&, vec&) { gg[70001] = gg[50000] = gg[99999] = 1e20f; }, false},
+      {"the moments of one element", 1e-3,
+       [](vec&, vec& gg, vec& mm, vec&) {
+         gg[81234] = 2e38f;
+         mm[81234] = -2e38f;
+       },
+       false},
+      {"an fp16 working copy", 1e-3, [](vec& pp, vec&, vec&, vec&) { pp[4097] = 7e4f; }, true},
+  };
 }
 
 }  // namespace etude::test::ops

@@ -1,18 +1,45 @@
-// The reductions on the CPU: the sum of squares against a double sum, its determinism, and the
-// finiteness check.
+// The reductions, written once for every backend (the category file ETUDE_OPS_CATEGORY names it:
+// tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops): the
+// sum of squares in f32, bf16 and fp16 against the CPU's double sum, written over a stale value, the
+// same bits twice, and the finiteness check. On the CPU only: the sum against a plain double sum, and
+// all_finite on lengths that end before the bad value.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
+#include <etude/core/rng.hpp>
 
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+TEST_CASE(TEST_BACKEND_NAME ": sum of squares and finiteness", "[ops][reduce]") {
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const vec x = uniform(1234567, -2, 2, 90, t);  // several chunks and a ragged end
+    double want = 0.0;
+    cpu::sum_squares(x.data(), static_cast<index_t>(x.size()), &want);
+    const double got = TEST_BACKEND::sum_squares(t, x);
+    CHECK(std::fabs(got - want) <= 1e-12 * want);  // double sums of n terms in two orders
+    CHECK(TEST_BACKEND::sum_squares(t, x) == got);  // fixed order: the same bits
+    CHECK(TEST_BACKEND::all_finite(t, x));
+    vec bad = x;
+    bad[777777] = std::numeric_limits<float>::infinity();
+    CHECK_FALSE(TEST_BACKEND::all_finite(t, bad));
+    bad = x;
+    bad[1234566] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_FALSE(TEST_BACKEND::all_finite(t, bad));
+  }
+  CHECK(TEST_BACKEND::sum_squares(dtype::f32, vec{}) == 0.0);
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("sum of squares is deterministic and exact enough", "[ops]") {
   std::vector<float> v(100003);
@@ -45,3 +72,5 @@ TEST_CASE("all_finite finds a NaN or an infinity anywhere, in every dtype", "[op
   std::vector<etude::fp16> p(10, etude::fp16(70000.0f));  // beyond fp16's range: rounds to infinity
   CHECK_FALSE(cpu::all_finite(p.data(), 10));
 }
+
+#endif  // TEST_BACKEND_CPU

@@ -21,4 +21,12 @@ struct ln_fwd_out {
   vec y, mean, rstd, x_mid;
 };
 
+// The optimisers' checks: the decision's `refused` after the check of a decision that runs (skip 0)
+// or skips (skip 1), and whether every input came back unchanged.
+struct check_result {
+  index_t refused;
+  int skip, status;
+  bool unchanged;
+};
+
 }  // namespace etude::test::runs

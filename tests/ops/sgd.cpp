@@ -1,6 +1,10 @@
-// The SGD update on the CPU against PyTorch's torch.optim.SGD written out in double: momentum,
-// Nesterov's form, weight decay, the first update's buffer; the skip flag; the check that refuses
-// an update which would store a non-finite value, against the update itself.
+// SGD with momentum, written once for every backend (the category file ETUDE_OPS_CATEGORY names it:
+// tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops): the
+// update against the CPU in float, plain and Nesterov, the skip flag, and the check naming the CPU's
+// first refused value and writing nothing. On the CPU only: the update against PyTorch's formula in
+// double, the check against the update itself, and the range of what the update stored.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -15,6 +19,56 @@ using cpu = etude::backend::cpu;
 using etude::backend::cpu_sgd;
 using etude::index_t;
 using namespace etude::test::ops;
+
+TEST_CASE(TEST_BACKEND_NAME ": SGD, plain and Nesterov, first update or not: the step's form, and the skip flag",
+          "[ops][optim]") {
+  for (bool nesterov : {false, true})
+    for (bool first : {false, true}) {
+      const etude::optim::sgd_scalars sc{0.01, 0.9, 0.1, nesterov ? 1 : 0, first ? 1 : 0};
+      vec p = uniform(5000, -1, 1, 110), buf = uniform(5000, -1, 1, 111);
+      const vec grad = uniform(5000, -1, 1, 112);
+      vec wp = p, wb = buf;
+      const double gs = 0.5;
+      const int go = 0;
+      cpu::sgd_update(wp.data(), grad.data(), wb.data(), 5000, &sc, &gs, &go, static_cast<float*>(nullptr));
+      TEST_BACKEND::sgd(p, grad, buf, sc, gs, 0);
+      check_close(p, wp, 1e-6, 1e-7, "sgd p");
+      check_close(buf, wb, 1e-6, 1e-7, "sgd buf");
+      vec sp = p, sb = buf;
+      TEST_BACKEND::sgd(sp, grad, sb, sc, gs, 1);
+      check_equal(sp, p, "skipped sgd p");
+      check_equal(sb, buf, "skipped sgd buf");
+    }
+}
+
+// the inputs of AdamW's check, the moments m as SGD's buffer
+TEST_CASE(TEST_BACKEND_NAME ": sgd_check names the same first refused value as the CPU's, and writes nothing",
+          "[ops][optim]") {
+  const std::size_t n = 100003;  // several blocks of the check's first pass
+  const vec p = uniform(n, -1, 1, 120), m = uniform(n, -0.01f, 0.01f, 121), v = uniform(n, 0, 1e-4f, 122),
+            g = uniform(n, -1, 1, 123);
+  for (const refusal_variant& c : refusal_variants()) {
+    INFO(c.what);
+    vec cp = p, cg = g, cm = m, cv = v;
+    c.edit(cp, cg, cm, cv);
+    const etude::optim::sgd_scalars ss{c.lr > 1 ? 1e39 : 0.01, 0.9, 0.1, 1, 0};
+    etude::step_decision want{};
+    want.grad_scale = 0.5;
+    want.refused = -1;
+    std::vector<etude::fp16> working(c.with_working ? n : 0);
+    if (c.with_working)
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want, working.data());
+    else
+      cpu::sgd_check(cp.data(), cg.data(), cm.data(), static_cast<index_t>(n), &ss, &want,
+                     static_cast<const float*>(nullptr));
+    const check_result got = TEST_BACKEND::sgd_check(dtype::f16, c.with_working, cp, cg, cm, ss, 0.5, 0);
+    CHECK(got.refused == want.refused);
+    CHECK(got.status == want.status);
+    CHECK(got.unchanged);
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("sgd_update follows PyTorch's SGD with momentum, plain and Nesterov", "[ops]") {
   for (int nesterov : {0, 1}) {
@@ -183,3 +237,5 @@ TEST_CASE("sgd_update records the range of what it stored; sgd_check from it dec
   CHECK(full.refused == etude::update_value_key(11, etude::update_value_state0));
   CHECK(believed.refused == -1);
 }
+
+#endif  // TEST_BACKEND_CPU

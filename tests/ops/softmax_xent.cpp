@@ -1,18 +1,60 @@
-// Softmax cross-entropy on the CPU: the loss against its definition, the in-place gradient
-// against central differences, ignored rows, evaluation (weight 0).
+// Softmax cross-entropy, written once for every backend (the category file ETUDE_OPS_CATEGORY names
+// it: tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// the loss, the in-place gradients, ignored rows and weight 0 in f32, bf16 and fp16 against the CPU in
+// float on the same values, and two runs bit-identical. On the CPU only: the loss against its
+// definition, the in-place gradient against central differences (fp64), and 16-bit and float logits
+// one rounding from the exact gradient.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
 
 #include "ops/oracle.hpp"
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+// The backend runs the loss alone (weight 0) and then with the weight into one accumulator, and
+// refuses (throws) unless the second sum doubles the first.
+TEST_CASE(TEST_BACKEND_NAME ": softmax cross-entropy: loss, in-place gradients, ignored rows, weight 0", "[ops][loss]") {
+  const index_t rows = 53, card = 300;
+  std::mt19937 gen(80);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(card) - 1);
+  tokens target(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < target.size(); ++i) target[i] = i % 7 == 3 ? -1 : tok(gen);
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (float weight : {0.25f, 0.0f}) {
+      const vec logits = uniform(static_cast<std::size_t>(rows * card), -4, 4, 81, t);
+      vec want = logits, got = logits;
+      double loss = 0.0;
+      cpu::softmax_xent(want.data(), target.data(), rows, card, &weight, &loss);
+      const double got_loss = TEST_BACKEND::softmax_xent(t, got, target, rows, card, weight);
+      // per row: lse in float (max, Σexp over card terms, log): <= (card + 4)·2^-24·(|lse| + 4) each
+      CHECK(std::fabs(got_loss - loss) <= rows * (card + 4) * 0x1p-24 * 16);
+      if (weight == 0.0f) {
+        check_equal(got, logits, std::string("softmax_xent weight 0 leaves logits ") + name(t));
+      } else {
+        check_close(got, want, unit_roundoff(t) + 1e-5, 1e-7, std::string("softmax_xent grads ") + name(t));
+        for (std::size_t r = 0; r < target.size(); ++r)
+          if (target[r] < 0)
+            for (index_t j = 0; j < card; ++j) CHECK(got[r * static_cast<std::size_t>(card) + static_cast<std::size_t>(j)] == 0.0f);
+      }
+      vec again = logits;
+      CHECK(TEST_BACKEND::softmax_xent(t, again, target, rows, card, weight) == got_loss);  // deterministic sum
+      CHECK(bit_identical(again, got));
+    }
+}
+
+#ifdef TEST_BACKEND_CPU
 
 TEST_CASE("softmax cross-entropy: loss and in-place gradient", "[ops]") {
   const index_t rows = 4, card = 7;
@@ -97,3 +139,5 @@ TEST_CASE("softmax cross-entropy on bf16 and float logits: one rounding from the
     check_narrow_logits<float>(0x1p-24, card);
   }
 }
+
+#endif  // TEST_BACKEND_CPU

@@ -1,5 +1,9 @@
-// The step-control op on the CPU (ops/step_control.hpp): the clip coefficient, the gradient
-// factor, the skip and keep flags for each kind of failure, and clear_unless.
+// Step control, written once for every backend (the category file ETUDE_OPS_CATEGORY names it:
+// tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops): the
+// gradient factor from the sum of squares, the clip norm and the loss scale. On the CPU only:
+// clipping, non-finite losses and gradients skipping the update, clear_unless.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,6 +13,16 @@
 #include <etude/etude.hpp>
 
 using cpu = etude::backend::cpu;
+
+TEST_CASE(TEST_BACKEND_NAME ": step_control's gradient factor", "[ops][optim]") {
+  // inv_ls · min(1, max_norm / (norm + 1e-6)), norm = sqrt(ss)·inv_ls
+  CHECK(TEST_BACKEND::clip_scale(16.0, 1.0f, 1.0f) == Approx(1.0 / (4.0 + 1e-6)).epsilon(1e-6));
+  CHECK(TEST_BACKEND::clip_scale(0.25, 1.0f, 0.5f) == 0.5f);
+  CHECK(TEST_BACKEND::clip_scale(64.0 * 1024.0 * 1024.0, 1.0f, 1.0f / 1024.0f) ==
+        Approx((1.0 / 1024.0) / (8.0 + 1e-6)).epsilon(1e-6));
+}
+
+#ifdef TEST_BACKEND_CPU
 
 namespace {
 etude::step_decision decide(double sum_squares, double clip, double loss_scale, double loss) {
@@ -61,3 +75,5 @@ TEST_CASE("clear_unless zeroes unless told to keep", "[ops]") {
   cpu::clear_unless(x.data(), 10, &clear);
   CHECK(x == std::vector<float>(10, 0.0f));
 }
+
+#endif  // TEST_BACKEND_CPU
