@@ -15,6 +15,7 @@
 namespace etude::gpu_test {
 
 // the op tests' run-time types (tests/ops/runs.hpp): these runs are the CUDA category's backend
+using etude::test::runs::attn_fwd_out;
 using etude::test::runs::check_result;
 using etude::test::runs::dtype;
 using etude::test::runs::ln_fwd_out;
@@ -50,9 +51,6 @@ ln_fwd_out layernorm_fwd(dtype t, const vec& x, const vec& residual, const vec& 
 void layernorm_bwd(dtype act, dtype grad, vec& dx, vec& dgamma, vec& dbeta, const vec& dy, const vec& x,
                    const vec& mean, const vec& rstd, const vec& gamma, index_t rows, index_t dim);
 
-struct attn_fwd_out {
-  vec att, lse;
-};
 attn_fwd_out attention_fwd(dtype t, const vec& qkv, index_t batch, index_t steps, int heads, index_t head_dim);
 // att: the forward's output (the model's call), or empty: the row terms recomputed (nullptr).
 vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, const vec& att, index_t batch,

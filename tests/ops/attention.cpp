@@ -1,23 +1,132 @@
-// Causal attention on the CPU: the forward against a naive softmax over the past, the backward
-// against central differences, in double; bf16 tensors against the double path on the same
-// values, within the rounding of the probabilities and dS. Cross-attention's bf16 path is
-// tests/ops/cross_attention.cpp's.
+// Causal self-attention, written once for every backend (the category file ETUDE_OPS_CATEGORY names
+// it: tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// forward and backward in f32, bf16 and fp16, both head dimensions CUDA supports, lengths that are
+// no multiple of any tile, against the CPU's double path on the same values (itself checked below),
+// within bounds from the dtype, and the backward the same bits every run. On the CPU only: the
+// forward against a naive softmax over the past, the backward against central differences, in
+// double; bf16 tensors on each product path within the rounding of the probabilities and dS; the
+// score rows' kernels. Cross-attention's bf16 path is tests/ops/cross_attention.cpp's. CUDA's own
+// question (a head dimension it does not support) is in tests/gpu/ops.cpp.
+#include ETUDE_OPS_CATEGORY
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
 
 #include "ops/oracle.hpp"
+
+#ifdef TEST_BACKEND_CPU
+#include <etude/etude.hpp>
+
 #include "product_paths.hpp"
+#endif
 
 using cpu = etude::backend::cpu;
 using etude::index_t;
 using namespace etude::test::ops;
+
+namespace {
+
+struct attention_case {
+  index_t batch, steps;
+  int heads;
+  index_t head_dim;
+};
+
+// The CPU's double path on qkv's values, for head dimension HeadDim: the output, log-sum-exp and
+// the gradient of datt.
+struct attention_exact {
+  std::vector<double> att, lse, dqkv;
+};
+template <int HeadDim>
+attention_exact exact_attention(const vec& qkv, const vec& datt, const attention_case& c) {
+  const auto q = as_double(qkv), d = as_double(datt);
+  attention_exact r{std::vector<double>(datt.size()), std::vector<double>(static_cast<std::size_t>(c.batch * c.steps * c.heads)),
+                    std::vector<double>(qkv.size())};
+  std::vector<double> scratch(static_cast<std::size_t>(cpu::attention_scratch(c.steps, HeadDim, false, cpu::threads())));
+  cpu::attention_fwd<HeadDim>(r.att.data(), r.lse.data(), q.data(), c.batch, c.steps, c.heads, scratch.data(),
+                              static_cast<index_t>(scratch.size()));
+  cpu::attention_bwd<HeadDim>(r.dqkv.data(), d.data(), r.att.data(), q.data(), r.lse.data(), c.batch, c.steps, c.heads,
+                              scratch.data(), static_cast<index_t>(scratch.size()));
+  return r;
+}
+
+void attention_against_exact(dtype t, const attention_case& c) {
+  const index_t d = c.heads * c.head_dim, rows = c.batch * c.steps;
+  const double u = unit_roundoff(t);
+  const std::string what = std::string(TEST_BACKEND_NAME " ") + name(t) + " hd " + std::to_string(c.head_dim) + " S " +
+                           std::to_string(c.steps) + " B " + std::to_string(c.batch) + " H " + std::to_string(c.heads);
+  const vec qkv = uniform(static_cast<std::size_t>(rows * 3 * d), -1, 1, 60, t);
+  const vec datt = uniform(static_cast<std::size_t>(rows * d), -1, 1, 61, t);
+  const auto want = c.head_dim == 64 ? exact_attention<64>(qkv, datt, c) : exact_attention<128>(qkv, datt, c);
+  const auto out = TEST_BACKEND::attention_fwd(t, qkv, c.batch, c.steps, c.heads, c.head_dim);
+  // fp32: scores differ by <= hd·2^-24·Σ|q k|·scale (<= 2e-5 here), which moves p relatively and
+  // O = Σ p v (|v| <= 1) by as much. 16-bit: p is rounded to the storage type before P·V (<= u·max|v|)
+  // and O once more on store (u·|O|).
+  const double fp32 = 3e-5;
+  check_close(out.att, as_float(want.att), u, fp32 + (t == dtype::f32 ? 0.0 : u), "attention_fwd att " + what);
+  check_close(out.lse, as_float(want.lse), 1e-6, fp32, "attention_fwd lse " + what);
+
+  const vec got = TEST_BACKEND::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);
+  const vec with_o = TEST_BACKEND::attention_bwd(t, datt, qkv, out.lse, out.att, c.batch, c.steps, c.heads, c.head_dim);
+  const vec again = TEST_BACKEND::attention_bwd(t, datt, qkv, out.lse, {}, c.batch, c.steps, c.heads, c.head_dim);
+  CHECK(bit_identical(got, again));  // no atomics: the same bits every run
+  // Bound per element of dQ, dK, dV: each is a sum over up to S terms, each carrying at most two
+  // roundings of relative u (P or dS to the storage type, and the stored result); errors of
+  // random sign over the sum scale like the rms of the tensor (σ ≈ u·rms; the largest of ~10^5
+  // checked elements reaches ~4.5σ), so the bound is 8u·(|ref| + rms(ref)) + the fp32 reordering
+  // term (scaled by the tensor's rms and sqrt(S)). A wrong index or mask gives O(1) errors.
+  // The variant with O has a different delta (dO·O from the stored O): 2u·rms more for 16-bit.
+  for (int part = 0; part < 3; ++part) {
+    double ss = 0;
+    std::size_t count = 0;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < d; ++j, ++count) {
+        const double v = want.dqkv[static_cast<std::size_t>(r * 3 * d + part * d + j)];
+        ss += v * v;
+      }
+    const double rms = std::sqrt(ss / static_cast<double>(count));
+    vec want_p, got_p, with_o_p, bound;
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < d; ++j) {
+        const auto e = static_cast<std::size_t>(r * 3 * d + part * d + j);
+        want_p.push_back(static_cast<float>(want.dqkv[e]));
+        got_p.push_back(got[e]);
+        with_o_p.push_back(with_o[e]);
+        const double b = (t == dtype::f32 ? 1e-4 * rms * std::sqrt(static_cast<double>(c.steps)) / 4 : 0.0) +
+                         8 * u * (std::fabs(want.dqkv[e]) + rms) + 1e-6;
+        bound.push_back(static_cast<float>(b));
+      }
+    const char* which = part == 0 ? "dq" : part == 1 ? "dk" : "dv";
+    check_within(got_p, want_p, bound, std::string("attention_bwd ") + which + " " + what);
+    for (float& b : bound) b += static_cast<float>(2 * u * rms);
+    check_within(with_o_p, want_p, bound, std::string("attention_bwd (with O) ") + which + " " + what);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(TEST_BACKEND_NAME ": causal attention within the dtype's bound of double, both head dimensions, odd "
+          "lengths",
+          "[ops][attention]") {
+  const std::vector<attention_case> cases = {
+      {2, 77, 2, 64},   // S not a multiple of any tile
+      {1, 5, 3, 64},    // shorter than one tile
+      {2, 130, 2, 128}, // crosses two 64-row tiles with a ragged end
+      {1, 64, 1, 128},  // exactly one tile
+  };
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (const auto& c : cases) attention_against_exact(t, c);
+}
+
+#ifdef TEST_BACKEND_CPU
 
 namespace {
 
@@ -469,3 +578,5 @@ TEST_CASE("attention heads narrowed to bf16 are bf16(x·scale) element by elemen
     }
   }
 }
+
+#endif  // TEST_BACKEND_CPU

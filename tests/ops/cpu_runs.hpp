@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <etude/backend/cpu/cpu.hpp>
@@ -25,6 +26,82 @@ vec to_float(const std::vector<T>& v) {
   vec r(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(v[i]);
   return r;
+}
+
+// C (in/out) = alpha·op(A)·op(B) + beta·C; A and B in `ab`, C in `c` (CUDA's run also takes a
+// TF32 switch and a repeat count for its plan cache: the CPU has neither).
+inline void gemm(dtype ab, dtype c, bool ta, bool tb, index_t m, index_t n, index_t k, float alpha, const vec& a,
+                 index_t lda, const vec& b, index_t ldb, float beta, vec& c_io, index_t ldc) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(ab, [&](auto abtag) {
+    using T = decltype(abtag);
+    host_dispatch(c, [&](auto ctag) {
+      using C = decltype(ctag);
+      const auto as = to_storage<T>(a), bs = to_storage<T>(b);
+      auto cs = to_storage<C>(c_io);
+      cpu::gemm(ta, tb, m, n, k, alpha, as.data(), lda, bs.data(), ldb, beta, cs.data(), ldc);
+      c_io = to_float(cs);
+    });
+  });
+}
+
+// pre = op(A)·op(B), act = GELU(pre), all in `t`.
+inline void gemm_gelu(dtype t, bool ta, bool tb, index_t m, index_t n, index_t k, const vec& a, index_t lda,
+                      const vec& b, index_t ldb, vec& pre, vec& act, index_t ldc) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto as = to_storage<T>(a), bs = to_storage<T>(b);
+    auto ps = to_storage<T>(pre), qs = to_storage<T>(act);
+    cpu::gemm_gelu(ta, tb, m, n, k, as.data(), lda, bs.data(), ldb, ps.data(), qs.data(), ldc);
+    pre = to_float(ps);
+    act = to_float(qs);
+  });
+}
+
+// The CPU's attention takes the head dimension at compile time, as the model passes it: the two
+// CUDA's kernels support, f(std::integral_constant<int, hd>).
+template <class F>
+void with_head_dim(index_t head_dim, F&& f) {
+  if (head_dim == 64) f(std::integral_constant<int, 64>{});
+  else if (head_dim == 128) f(std::integral_constant<int, 128>{});
+  else throw etude::error("cpu_runs: no CPU attention instantiated for head dimension " + std::to_string(head_dim));
+}
+
+// Causal self-attention of qkv [batch·steps, 3·heads·head_dim] in `t`; the log-sum-exp in float.
+inline attn_fwd_out attention_fwd(dtype t, const vec& qkv, index_t batch, index_t steps, int heads, index_t head_dim) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto q = to_storage<T>(qkv);
+    std::vector<T> att(static_cast<std::size_t>(batch * steps * heads * head_dim));
+    vec lse(static_cast<std::size_t>(batch * steps * heads));
+    std::vector<float> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
+    with_head_dim(head_dim, [&](auto hd) {
+      cpu::attention_fwd<decltype(hd)::value>(att.data(), lse.data(), q.data(), batch, steps, heads, scratch.data(),
+                                              static_cast<index_t>(scratch.size()));
+    });
+    return attn_fwd_out{to_float(att), lse};
+  });
+}
+
+// dqkv of attention_fwd's output gradient datt; att the forward's output, or empty (the CPU's
+// backward recomputes its row terms either way).
+inline vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, const vec& att, index_t batch,
+                         index_t steps, int heads, index_t head_dim) {
+  using cpu = etude::backend::cpu;
+  return host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto q = to_storage<T>(qkv), d = to_storage<T>(datt), o = to_storage<T>(att);
+    std::vector<T> dqkv(qkv.size());
+    std::vector<float> scratch(static_cast<std::size_t>(cpu::attention_scratch(steps, head_dim, false, cpu::threads())));
+    with_head_dim(head_dim, [&](auto hd) {
+      cpu::attention_bwd<decltype(hd)::value>(dqkv.data(), d.data(), o.empty() ? nullptr : o.data(), q.data(),
+                                              lse.data(), batch, steps, heads, scratch.data(),
+                                              static_cast<index_t>(scratch.size()));
+    });
+    return to_float(dqkv);
+  });
 }
 
 // residual non-empty: the fused residual_layernorm_fwd on x + residual.

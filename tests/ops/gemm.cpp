@@ -1,10 +1,14 @@
-// The matrix products on the CPU: every transpose against a double-precision naive product, on
-// CBLAS (double, float) and on the tiled path for 16-bit operands (several tiles in each
-// dimension), `=` and `+=`; the GELU epilogue against the pair it stands for; two bf16 operands on
-// oneDNN where the program links it.
-#include <catch2/catch.hpp>
+// The matrix products, written once for every backend (the category file ETUDE_OPS_CATEGORY names
+// it: tests/ops/category_cpu.hpp in test_ops, category_cuda.hpp in test_gpu_ops and test_sim_ops):
+// every transpose, storage dtype and output type, and the GELU epilogue, against the exact product
+// of the stored values (double), within bounds from the dtype. On the CPU only: CBLAS (double,
+// float) and the tiled path for 16-bit operands (several tiles in each dimension), `=` and `+=`;
+// the GELU epilogue against the pair it stands for, bit for bit; every bf16 and float path this
+// CPU has (etude's kernels, oneDNN where the program links it, widened). CUDA's own questions
+// (its plan cache, TF32) are in tests/gpu/ops.cpp.
+#include ETUDE_OPS_CATEGORY
 
-#include <omp.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <array>
@@ -15,14 +19,103 @@
 #include <type_traits>
 #include <vector>
 
-#include <etude/etude.hpp>
+#include <etude/backend/cpu/cpu.hpp>
 
 #include "ops/oracle.hpp"
-#include "product_paths.hpp"
 
-using cpu = etude::backend::cpu;
+#ifdef TEST_BACKEND_CPU
+#include <omp.h>
+
+#include <etude/etude.hpp>
+
+#include "product_paths.hpp"
+#endif
+
 using etude::index_t;
 using namespace etude::test::ops;
+
+namespace {
+
+vec abs_of(vec x) {
+  for (float& v : x) v = std::fabs(v);
+  return x;
+}
+
+// op(A)·op(B) in double of the stored values: alpha·product + beta·c0, and the product of the
+// magnitudes (for the bounds), both m×n with leading dimension ldc.
+struct exact_product {
+  std::vector<double> c, magnitudes;
+};
+exact_product exact(bool ta, bool tb, index_t m, index_t n, index_t k, double alpha, const vec& a, index_t lda,
+                    const vec& b, index_t ldb, double beta, const vec& c0, index_t ldc) {
+  exact_product r{as_double(c0), std::vector<double>(c0.size(), 0.0)};
+  naive_gemm(ta, tb, std::size_t(m), std::size_t(n), std::size_t(k), alpha, as_double(a), std::size_t(lda),
+             as_double(b), std::size_t(ldb), beta, r.c, std::size_t(ldc));
+  naive_gemm(ta, tb, std::size_t(m), std::size_t(n), std::size_t(k), 1.0, as_double(abs_of(a)), std::size_t(lda),
+             as_double(abs_of(b)), std::size_t(ldb), 0.0, r.magnitudes, std::size_t(ldc));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(TEST_BACKEND_NAME ": gemm within float roundings of the exact product for every transpose, dtype and "
+          "output type",
+          "[ops][gemm]") {
+  // m, n, k not multiples of any tile; leading dimensions past the rows, rounded up to 8 elements
+  // (16 bytes of 16-bit values: what cuBLASLt's tensor-core algorithms need, as the model's shapes give)
+  const index_t m = 37, n = 45, k = 29;
+  auto ld = [](index_t v) { return (v + 1 + 7) / 8 * 8; };
+  for (dtype ab : {dtype::f32, dtype::bf16, dtype::f16})
+    for (dtype c : {ab, dtype::f32}) {
+      if (ab == dtype::f32 && c != ab) continue;
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const index_t lda = ld(ta ? m : k), ldb = ld(tb ? k : n), ldc = ld(n);
+          const index_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+          const vec a = uniform(static_cast<std::size_t>(a_rows * lda), -1, 1, 1, ab);
+          const vec b = uniform(static_cast<std::size_t>(b_rows * ldb), -1, 1, 2, ab);
+          const vec c0 = uniform(static_cast<std::size_t>(m * ldc), -1, 1, 3, c);
+          const float alpha = 0.75f, beta = c == dtype::f32 && ab != dtype::f32 ? 1.0f : 0.5f;
+          const auto want = exact(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc);
+          vec got = c0;
+          TEST_BACKEND::gemm(ab, c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, got, ldc);
+          // fp32 accumulation, any order: 2·k·2^-24·Σ|αab| (+ |βc| once); then one rounding to C's
+          // dtype: u_C·|result|.
+          vec bound(want.c.size());
+          for (std::size_t i = 0; i < bound.size(); ++i)
+            bound[i] = static_cast<float>(2.0 * (k + 2) * 0x1p-24 * (alpha * want.magnitudes[i] + std::fabs(beta * c0[i])) +
+                                          unit_roundoff(c) * std::fabs(want.c[i]) + 1e-30);
+          check_within(got, as_float(want.c), bound,
+                       std::string(TEST_BACKEND_NAME " gemm ") + name(ab) + "->" + name(c) + (ta ? " T" : " N") +
+                           (tb ? "T" : "N"));
+        }
+    }
+}
+
+TEST_CASE(TEST_BACKEND_NAME ": gemm_gelu writes the product and its exact-erf GELU", "[ops][gemm]") {
+  const index_t m = 33, n = 40, k = 24;
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    const vec a = uniform(static_cast<std::size_t>(m * k), -1, 1, 6, t), b = uniform(static_cast<std::size_t>(n * k), -1, 1, 7, t);
+    vec pre(static_cast<std::size_t>(m * n), 0.0f), act = pre;
+    const auto want = exact(false, true, m, n, k, 1.0, a, k, b, k, 0.0, pre, n);
+    TEST_BACKEND::gemm_gelu(t, false, true, m, n, k, a, k, b, k, pre, act, n);
+    vec bound(want.c.size());
+    for (std::size_t i = 0; i < bound.size(); ++i)
+      bound[i] = static_cast<float>(2.0 * k * 0x1p-24 * want.magnitudes[i] + unit_roundoff(t) * std::fabs(want.c[i]));
+    check_within(pre, as_float(want.c), bound, std::string(TEST_BACKEND_NAME " gemm_gelu pre ") + name(t));
+    // act from the backend's own pre: GELU in float within a few ulp of the exact x·Φ(x), one rounding
+    vec want_act(pre.size());
+    for (std::size_t i = 0; i < pre.size(); ++i) {
+      const double x = pre[i];
+      want_act[i] = static_cast<float>(0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))));
+    }
+    check_close(act, want_act, unit_roundoff(t) + 1e-6, 1e-7, std::string(TEST_BACKEND_NAME " gemm_gelu act ") + name(t));
+  }
+}
+
+#ifdef TEST_BACKEND_CPU
+
+using cpu = etude::backend::cpu;
 
 namespace {
 
@@ -568,3 +661,5 @@ TEST_CASE("bf16 pair products round a bf16 C as bf16(float) rounds, whole vector
   CHECK(differ_f == 0);
   CHECK(subnormal > 0);
 }
+
+#endif  // TEST_BACKEND_CPU

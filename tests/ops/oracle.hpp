@@ -20,6 +20,7 @@
 
 namespace etude::test::ops {
 
+using runs::attn_fwd_out;
 using runs::check_result;
 using runs::dtype;
 using runs::ln_fwd_out;

@@ -21,6 +21,11 @@ struct ln_fwd_out {
   vec y, mean, rstd, x_mid;
 };
 
+// attention_fwd's output and its log-sum-exp per row and head.
+struct attn_fwd_out {
+  vec att, lse;
+};
+
 // The optimisers' checks: the decision's `refused` after the check of a decision that runs (skip 0)
 // or skips (skip 1), and whether every input came back unchanged.
 struct check_result {
