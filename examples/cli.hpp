@@ -20,77 +20,17 @@
 #include <vector>
 
 #include <etude/core/error.hpp>
+#include <etude/run/options.hpp>
+#include <etude/run/parse.hpp>
 
 namespace etude_cli {
 
-inline std::string number_text(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-
-// "at least 1", "from 0 to 255", "any" (the type's whole range): for help and messages.
-template <class T>
-std::string range_text(T lo, T hi) {
-  auto text = [](T v) {
-    if constexpr (std::is_floating_point_v<T>) return number_text(static_cast<double>(v));
-    else return std::to_string(v);
-  };
-  const bool from_type_min = lo == std::numeric_limits<T>::lowest();
-  const bool to_type_max = hi == std::numeric_limits<T>::max();
-  if (from_type_min && to_type_max) return std::is_unsigned_v<T> ? "at least 0" : "any";
-  if (to_type_max) return "at least " + text(lo);
-  if (from_type_min) return "at most " + text(hi);
-  return "from " + text(lo) + " to " + text(hi);
-}
-
-// A floating-point range where lo may itself be excluded: "more than 0", "at least 0 and at most 1".
-inline std::string number_range_text(double lo, double hi, bool lo_open) {
-  std::string r = (lo_open ? "more than " : "at least ") + number_text(lo);
-  if (hi != std::numeric_limits<double>::max()) r += " and at most " + number_text(hi);
-  return r;
-}
-
-// Why `s` is not an integer of type T in [lo, hi]; empty when it is (then `out` holds it).
-template <class T>
-std::string integer_problem(const std::string& s, T lo, T hi, T& out) {
-  static_assert(std::is_integral_v<T>);
-  const char* first = s.data();
-  const char* last = s.data() + s.size();
-  const std::size_t sign = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-  if (s.size() == sign || s.find_first_not_of("0123456789", sign) != std::string::npos)
-    return "'" + s + "' is not an integer";
-  if (*first == '+') ++first;
-  const bool negative = *first == '-';
-  const std::string too_small = s + " is out of range: the least allowed is " + std::to_string(lo);
-  const std::string too_large = s + " is out of range: the most allowed is " + std::to_string(hi);
-  if constexpr (std::is_unsigned_v<T>) {
-    if (negative) return too_small;
-  }
-  T v{};
-  const auto [end, ec] = std::from_chars(first, last, v);
-  if (ec == std::errc::result_out_of_range) return negative ? too_small : too_large;
-  if (ec != std::errc() || end != last) return "'" + s + "' is not an integer";
-  if (v < lo) return too_small;
-  if (v > hi) return too_large;
-  out = v;
-  return {};
-}
-
-// Why `s` is not a finite number in the range; empty when it is. `lo_open`: lo itself is refused
-// (a rate or a duration must be positive, not merely non-negative).
-inline std::string number_problem(const std::string& s, double lo, double hi, bool lo_open, double& out) {
-  if (s.empty() || s.find_first_of(" \t\n") != std::string::npos) return "'" + s + "' is not a number";
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size()) return "'" + s + "' is not a number";
-  const std::string range = number_range_text(lo, hi, lo_open);
-  if (!std::isfinite(v) || errno == ERANGE) return s + " is not a finite number in range (" + range + ")";
-  if (v < lo || (lo_open && v == lo) || v > hi) return s + " is out of range (" + range + ")";
-  out = v;
-  return {};
-}
+using etude::run::integer_problem;
+using etude::run::number_list_problem;
+using etude::run::number_problem;
+using etude::run::number_range_text;
+using etude::run::number_text;
+using etude::run::range_text;
 
 // --name VALUE for an integer of type T in [lo, hi].
 template <class T>
@@ -118,22 +58,6 @@ inline CLI::Option* add_number(CLI::App& app, const std::string& name, double& i
       ->capture_default_str();
 }
 
-// A comma-separated list of finite numbers, each in [lo, hi] (empty items refused).
-inline std::string number_list_problem(const std::string& s, double lo, double hi, std::vector<double>& out) {
-  out.clear();
-  std::size_t at = 0;
-  for (;;) {
-    const auto comma = s.find(',', at);
-    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    double v = 0;
-    const std::string p = number_problem(item, lo, hi, false, v);
-    if (!p.empty()) return "item " + std::to_string(out.size() + 1) + " of '" + s + "': " + p;
-    out.push_back(v);
-    if (comma == std::string::npos) return {};
-    at = comma + 1;
-  }
-}
-
 // Parses argv. --help (or -h) prints the help on stdout and exits 0; any usage error throws
 // etude::invalid_argument whose message names the option and ends with a pointer to --help.
 inline void parse(CLI::App& app, int argc, char** argv) {
@@ -153,5 +77,84 @@ inline void configure(CLI::App& app) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.get_formatter()->column_width(28);
 }
+
+// A session's options on a command line: every field of etude::run::options as --kebab-case (its
+// help and range from the field), --set NAME=VALUE (repeatable) and --options FILE (a JSON object
+// of fields). resolve() applies them in that order of precedence, lowest first: the program's
+// defaults, the file, the flags given, the --set assignments; each value validated as the field's.
+class session_command_line {
+ public:
+  // Adds the options to `app`, bound to a copy of `defaults` (kept for resolve()).
+  void add(CLI::App& app, const etude::run::options& defaults) {
+    defaults_ = defaults;
+    flags_ = defaults;
+    app_ = &app;
+    etude::run::visit_fields(flags_, [&](auto f) { add_field(app, f); });
+    app.add_option("--set", sets_,
+                   "NAME=VALUE: set any option by its name (lr=3e-4, steps=2000, cond_dropout_mode=per_batch); "
+                   "repeatable, applied after the flags and --options")
+        ->type_name("NAME=VALUE")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option("--options", file_, "a JSON object of options by name, applied before the flags and --set")
+        ->type_name("FILE");
+  }
+
+  // The options resolved; throws etude::invalid_argument naming the flag, the --set or the file.
+  etude::run::options resolve() const {
+    etude::run::options r = defaults_;
+    if (!file_.empty()) {
+      try {
+        r.load(file_);
+      } catch (const etude::invalid_argument& e) {
+        throw etude::invalid_argument(std::string("--options: ") + e.what());
+      }
+    }
+    const auto given = flags_.to_json();
+    etude::run::visit_fields(flags_, [&](auto f) {
+      if (app_->count(flag_of(f.name)) > 0) r.set(f.name, etude::run::detail::as_text(given[f.name]));
+    });
+    for (const auto& s : sets_) {
+      try {
+        r.set(s);
+      } catch (const etude::invalid_argument& e) {
+        throw etude::invalid_argument("--set " + s + ": " + e.what());
+      }
+    }
+    return r;
+  }
+
+  // "--valid-every" for "valid_every"
+  static std::string flag_of(const std::string& name) {
+    std::string f = "--" + name;
+    for (char& c : f)
+      if (c == '_') c = '-';
+    return f;
+  }
+
+ private:
+  template <class T>
+  static void add_field(CLI::App& app, etude::run::integer_field<T> f) {
+    add_integer(app, flag_of(f.name), f.value, f.lo, f.hi, f.help);
+  }
+  static void add_field(CLI::App& app, etude::run::number_field f) {
+    add_number(app, flag_of(f.name), f.value, f.lo, f.lo_open, f.help, f.hi);
+  }
+  static void add_field(CLI::App& app, etude::run::flag_field f) { app.add_flag(flag_of(f.name), f.value, f.help); }
+  static void add_field(CLI::App& app, etude::run::path_field f) {
+    app.add_option(flag_of(f.name), f.value, f.help)->capture_default_str();
+  }
+  template <class Field>
+  static void add_field(CLI::App& app, Field f) {  // text fields, with the field's own check
+    CLI::Option* o = app.add_option_function<std::string>(
+        flag_of(f.name), [f](const std::string& v) mutable { (void)f.parse(v); }, f.help);
+    o->check(CLI::Validator([f](std::string& v) { return f.problem(v); }, ""));
+    o->type_name(f.range() == "text" ? "TEXT" : f.range());
+  }
+
+  etude::run::options defaults_, flags_;
+  CLI::App* app_ = nullptr;
+  std::vector<std::string> sets_;
+  std::string file_;
+};
 
 }  // namespace etude_cli

@@ -38,8 +38,8 @@ expect 2 "--trace-steps: '5-3' is not a step N or a range N-M" "$train" --trace-
 expect 2 "--trace-steps: 'x' is not a step N" "$train" --trace-steps x
 expect 2 "--stall-warning-ms: 0 is out of range" "$train" --stall-warning-ms 0
 expect 2 "--loader-delay-ms: -1 is out of range" "$train" --loader-delay-ms -1
-expect 2 "--plant-nan: 'out_norm.weight:1:0': out_norm.weight is 1 x" "$train" --synthetic --steps 4 --plant-nan out_norm.weight:1:0 --run-dir "$(mktemp -d)/run"
-expect 2 "--plant-nan: 'nothing:0:0': no weight is named nothing" "$train" --synthetic --steps 4 --plant-nan nothing:0:0 --run-dir "$(mktemp -d)/run"
+expect 2 "plant_nan: 'out_norm.weight:1:0': out_norm.weight is 1 x" "$train" --synthetic --steps 4 --plant-nan out_norm.weight:1:0 --run-dir "$(mktemp -d)/run"
+expect 2 "plant_nan: 'nothing:0:0': no weight is named nothing" "$train" --synthetic --steps 4 --plant-nan nothing:0:0 --run-dir "$(mktemp -d)/run"
 # --diagnostics-every on synthetic tokens, whose conditions are all null: the condition tables are
 # reported dead in run.json, and the group scalars reach metrics.jsonl (4 small steps, about a second)
 diag_dir=$(mktemp -d)
