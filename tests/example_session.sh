@@ -89,6 +89,14 @@ done
   --run-dir "$dir/small" >"$dir/small2.log" 2>&1
 grep -q "hyper.lr: 0.003 here, 0.0015 in the checkpoint" "$dir/small2.log" ||
   fail "train_small resumed with another learning rate: $(tail -3 "$dir/small2.log")"
+# more steps is accepted on resume, and recorded
+"$small" --config small_bf16 "${common[@]}" --options "$dir/opts.json" --set lr=0.0015 --set batch=4 --steps 7 \
+  --run-dir "$dir/small" >"$dir/small3.log" 2>&1
+ran $? || fail "train_small with more steps failed: $(tail -3 "$dir/small3.log")"
+grep -q "resuming with a changed option: hyper.total_steps: 7 here, 6 in the checkpoint" "$dir/small3.log" ||
+  fail "train_small did not resume with more steps: $(head -3 "$dir/small3.log")"
+grep -q '"hyper.total_steps: 7 here, 6 in the checkpoint"' "$dir/small/run.json" ||
+  fail "run.json does not record the changed steps"
 
 # --- preemption -----------------------------------------------------------------------------------
 # slow storage (--loader-delay-ms) keeps the run in flight long enough to be signalled mid-way

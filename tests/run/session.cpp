@@ -202,6 +202,37 @@ TEST_CASE("stopped by stop_after or by a signal, a session resumes to the same w
   CHECK(now.sa_handler == before.sa_handler);
 }
 
+TEST_CASE("a finished run resumes with more steps, recorded; another learning rate is refused", "[run]") {
+  const fs::path dir = fresh_dir("longer");
+  auto o = options_for(dir);
+  o.steps = 8;
+  {
+    etude::run::session<trainer_t> s(o, data(), hooks_for());
+    CHECK(s.run().step == 8);
+    CHECK(read_json(dir / "run.json")["resumed_with_changes"].empty());
+  }
+  o.steps = 12;
+  {
+    etude::run::session<trainer_t> s(o, data(), hooks_for());
+    const auto r = s.run();
+    CHECK(r.status == etude::run::run_status::finished);
+    CHECK(r.step == 12);
+    const json rec = read_json(dir / "run.json");
+    REQUIRE(rec["resumed_with_changes"].size() == 1);  // warm-up: 1 either way (steps / 20)
+    CHECK(rec["resumed_with_changes"][0] == "hyper.total_steps: 12 here, 8 in the checkpoint");
+    CHECK(rec["configuration"]["hyper"]["total_steps"] == 12);
+  }
+  o.steps = 10;  // fewer than the checkpoint's: not the same run
+  {
+    etude::run::session<trainer_t> s(o, data(), hooks_for());
+    CHECK_THROWS_WITH(s.run(), Catch::Contains("hyper.total_steps: 10 here, 12 in the checkpoint"));
+  }
+  o.steps = 12;
+  o.hyperparameters.lr = 2e-2;
+  etude::run::session<trainer_t> s(o, data(), hooks_for());
+  CHECK_THROWS_WITH(s.run(), Catch::Contains("hyper.lr: 0.02 here, 0.01 in the checkpoint"));
+}
+
 TEST_CASE("a session refuses options its configuration cannot take before it writes anything", "[run]") {
   const fs::path dir = fresh_dir("refused");
   auto o = options_for(dir);

@@ -72,6 +72,7 @@ struct record_parts {
   std::vector<std::string> checkpoints;
   json samples = json::array();
   std::vector<std::string> warnings;  // this invocation's dead-parameter and loader stall warnings
+  std::vector<std::string> resumed_with_changes;  // options this invocation changed on resume (more steps)
 };
 
 template <class Backend>
@@ -123,6 +124,7 @@ json run_record(const options& o, const Trainer& trainer, const record_parts& pa
   r["configuration_name"] = parts.configuration_name;
   r["configuration_signature"] = io::signature(io::describe_config<typename Trainer::config>());
   r["options"] = o.to_json();
+  r["resumed_with_changes"] = parts.resumed_with_changes;
   return r;
 }
 

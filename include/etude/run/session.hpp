@@ -413,6 +413,13 @@ result session<Trainer>::run() {
                                      {.keep_last = o_.keep_last, .milestone_every = 0, .keep_best = true});
   std::optional<io::run_state> resumed;
   try {
+    // more total steps is a safe change (the run goes on longer; the schedule stretches from
+    // here), and so is the warm-up derived from them; any other hyperparameter is another run
+    auto accept = [&](const std::string& path, const json& here, const json& saved) {
+      if (path == "hyper.total_steps")
+        return here.is_number_integer() && saved.is_number_integer() && here.get<long>() > saved.get<long>();
+      return path == "hyper.warmup_steps" && o_.hyperparameters.warmup_steps < 0;
+    };
     resumed = checkpoints.resume(trainer, {.data = data_identity_,
                                            .discard_unusable = o_.discard_unusable,
                                            .check = [&](const io::run_state& rs) {
@@ -429,12 +436,17 @@ result session<Trainer>::run() {
                                              }
                                              train_loader_.reset();
                                              train_loader_.emplace(dataset_->split("train"), lc_, state);
-                                           }});
+                                           },
+                                           .accept = accept});
   } catch (const io::no_usable_checkpoint& e) {
     throw io::no_usable_checkpoint(std::string(e.what()) + "\n(" + hooks_.program +
                                    ": discard_unusable (--discard-unusable) moves them aside and starts over)");
   }
-  if (resumed) std::printf("resuming %s at step %ld\n", o_.run_dir.string().c_str(), trainer.steps_done());
+  if (resumed) {
+    std::printf("resuming %s at step %ld\n", o_.run_dir.string().c_str(), trainer.steps_done());
+    for (const auto& change : resumed->accepted_changes) std::printf("resuming with a changed option: %s\n", change.c_str());
+    parts_.resumed_with_changes = resumed->accepted_changes;
+  }
   if (dataset_ && !train_loader_) train_loader_.emplace(dataset_->split("train"), lc_);
   // every record follows the checkpoint: later metrics lines and TensorBoard events are cut off
   if (held_) held_->rewind(trainer.steps_done());

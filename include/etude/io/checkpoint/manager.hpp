@@ -52,6 +52,9 @@ struct resume_options {
   // The caller's check of a checkpoint's run state (e.g. that its loader state fits the data);
   // an etude::error (or a JSON error) it throws rejects the checkpoint like a corrupt one.
   std::function<void(const run_state&)> check;
+  // Hyperparameter differences to accept rather than refuse (e.g. more total steps); they come
+  // back in the run state's accepted_changes. Null: every difference is refused.
+  accept_difference accept = nullptr;
 };
 
 // A checkpoint resume() would not take, and why.
@@ -159,7 +162,7 @@ class checkpoint_manager {
     for (const auto& [step, file] : listing()) {
       try {
         const checkpoint_file c(file);
-        staged_checkpoint staged = stage_restore(t, c, o.data);
+        staged_checkpoint staged = stage_restore(t, c, o.data, o.accept);
         if (o.check) o.check(staged.state);
         run_state rs = apply_restore(t, std::move(staged));
         if (!rejected_.empty()) {
@@ -263,7 +266,7 @@ class checkpoint_manager {
       std::string why;
       try {
         const checkpoint_file c(file);
-        staged = stage_restore(t, c, o.data);
+        staged = stage_restore(t, c, o.data, o.accept);
         if (o.check) o.check(staged->state);
       } catch (const checkpoint_mismatch& e) {
         code = 2;

@@ -5,6 +5,7 @@
 // Not for: choosing which checkpoint to restore, or agreeing on it across ranks (manager.hpp).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -25,6 +26,10 @@
 
 namespace etude::io {
 
+// Which differences of hyperparameters a resume accepts: accept("hyper.total_steps", here, saved)
+// returns true for a change the caller deems safe (e.g. more total steps). Null: none.
+using accept_difference = std::function<bool(const std::string& path, const json& here, const json& saved)>;
+
 // A checkpoint's content, read and checked, not yet put into a trainer.
 struct staged_checkpoint {
   long step = 0;
@@ -32,6 +37,7 @@ struct staged_checkpoint {
   std::optional<double> loss_scale;
   long good_steps = 0, skipped_steps = 0;
   run_state state;
+  std::vector<std::string> accepted;  // the differences `accept` took, one line each
 };
 
 // Reads and checks everything restoring `c` into `t` needs, without touching `t`: the
@@ -39,7 +45,8 @@ struct staged_checkpoint {
 // checkpoint_mismatch naming the differences; every tensor must be there, F32, of the model's
 // size and finite, and the saved run state well formed, else checkpoint_error.
 template <class Trainer>
-staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, const json& data = nullptr) {
+staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, const json& data = nullptr,
+                                const accept_difference& accept = nullptr) {
   using params = typename Trainer::params;
   const std::string where = c.path().string();
   json ours = describe_run(t);
@@ -71,6 +78,15 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
     for (const auto& d : diff) msg += "\n  " + d;
     throw checkpoint_mismatch(msg + "\n(" + hint + ")");
   };
+  // the hyperparameter differences the caller accepts count as agreement, and are reported
+  std::vector<std::string> accepted;
+  if (accept && ours["hyper"].is_object() && theirs["hyper"].is_object())
+    for (const auto& [key, here] : ours["hyper"].items()) {
+      json& saved = theirs["hyper"][key];
+      if (saved.is_null() || saved == here || !accept("hyper." + key, here, saved)) continue;
+      accepted.push_back("hyper." + key + ": " + here.dump() + " here, " + saved.dump() + " in the checkpoint");
+      saved = here;
+    }
   if (auto diff = config_diff(ours, theirs, "the checkpoint"); !diff.empty())
     refuse("written by another configuration", diff, "to start a new run from its weights only, use etude::io::load_weights");
   // a format-1 checkpoint does not know its data; from format 2 on, other data is another run
@@ -79,6 +95,7 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
       refuse("trained on other data", diff, "resume with the data the run started on, or start a new run directory");
 
   staged_checkpoint s;
+  s.accepted = std::move(accepted);
   s.step = c.step();
   const int slots = Trainer::optimizer_state_count;
   const auto n = static_cast<std::size_t>(params::total_elements);
@@ -149,6 +166,7 @@ run_state apply_restore(Trainer& t, staged_checkpoint s) {
     t.restore(s.step, s.params, m1, m2);
   }
   if (s.loss_scale) t.set_loss_scale(*s.loss_scale, s.good_steps, s.skipped_steps);
+  s.state.accepted_changes = std::move(s.accepted);
   return std::move(s.state);
 }
 

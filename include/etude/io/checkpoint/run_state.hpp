@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "etude/io/config_record.hpp"
 
@@ -19,6 +20,8 @@ struct run_state {
   std::optional<double> valid_ce;       // validation cross-entropy at this step, for "best" retention
   int world_size = 1;
   json extra = json::object();          // anything else the caller wants back (run id, counters...)
+  // on resume only (never saved): the hyperparameter differences resume_options::accept took
+  std::vector<std::string> accepted_changes;
 };
 
 // The code version compiled in by the build (git commit), or "unknown" for an installed package.
