@@ -40,6 +40,24 @@ print(f"resumed on one process vs uninterrupted on 2 ranks: {len(b)} losses, lar
 assert worst < 1e-5
 PY
 
+echo "== 1b. SIGUSR1 to mpirun (Slurm's --signal) preempts: both ranks stop at one step with a checkpoint, exit 75"
+# slow storage keeps the run in flight; workers and the delay change no bits
+"${mpi[@]}" "$tiny" "${common[@]}" --workers 1 --loader-delay-ms 150 --run-dir "$work/p" > "$work/p1.log" 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q "^step    1 " "$work/p1.log" && break; sleep 0.1; done
+kill -USR1 "$job"
+wait "$job"
+rc=$?
+[[ $rc -eq 75 ]] || { cat "$work/p1.log"; fail "mpirun exited $rc after SIGUSR1, want 75"; }
+step=$(sed -n 's/^preempted by .* at step \([0-9]*\): checkpoint written.*/\1/p' "$work/p1.log")
+[[ -n $step && $step -lt 16 ]] || { cat "$work/p1.log"; fail "no preemption before the end in the log"; }
+grep -q '"status": "preempted"' "$work/p/run.json" || fail "run.json does not say preempted"
+ran "${mpi[@]}" "$tiny" "${common[@]}" --run-dir "$work/p" > "$work/p2.log" 2>&1 || { cat "$work/p2.log"; fail "the preempted run did not resume"; }
+grep -q "resuming .* at step $step" "$work/p2.log" || { cat "$work/p2.log"; fail "the rerun did not resume at step $step"; }
+[[ "$(tail -n 1 "$work/p/metrics.jsonl")" == "$(tail -n 1 "$work/b/metrics.jsonl")" ]] ||
+  fail "the preempted and resumed 2-rank run ends elsewhere than the uninterrupted one"
+echo "preempted at step $step, resumed, ended bit for bit where the uninterrupted run ends"
+
 echo "== 2. rank 1 killed in the middle of training"
 wrapper='"$0" "$@"; rc=$?; echo "exit status of rank $OMPI_COMM_WORLD_RANK: $rc"; exit $rc'
 start=$(date +%s)
