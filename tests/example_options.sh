@@ -7,18 +7,7 @@ set -uo pipefail
 train=$1
 fit=${2:-}
 failed=0
-# expect <status> <text the error must contain> <program> <args...>
-expect() {
-  local want=$1 text=$2
-  shift 2
-  local err status
-  err=$("$@" 2>&1 >/dev/null)
-  status=$?
-  if [[ $status -ne $want || "$err" != *"$text"* ]]; then
-    echo "FAILED: $* exited $status (want $want) with: $err (want it to contain: $text)"
-    failed=1
-  fi
-}
+. "$(dirname "$0")/expect.sh"
 expect 2 "train_tiny: --steps: 'abc' is not an integer" "$train" --steps abc
 expect 2 "--steps: 0 is out of range: the least allowed is 1" "$train" --steps 0
 expect 2 "--steps: 99999999999999999999 is out of range" "$train" --steps 99999999999999999999

@@ -23,14 +23,7 @@ fail() {
 }
 # a short run may end above the unigram baseline (exit 1): only other statuses fail
 ran() { [[ $1 -eq 0 || $1 -eq 1 ]]; }
-expect() {
-  local want=$1 text=$2
-  shift 2
-  local err status
-  err=$("$@" 2>&1 >/dev/null)
-  status=$?
-  [[ $status -eq $want && "$err" == *"$text"* ]] || fail "$* exited $status (want $want) with: $err (want: $text)"
-}
+. "$(dirname "$0")/expect.sh"
 
 # --- named configurations and overrides -----------------------------------------------------------
 list=$("$small" --list) || fail "train_small --list exited $?"
