@@ -101,9 +101,12 @@ inline nlohmann::ordered_json read_json_or_null(const std::filesystem::path& p) 
 // Expands a grid spec over `defaults` (the program's options, with what its command line set).
 // `where` names the grid in errors (the file). `configs`: the configuration names the program
 // has ("config" in base or sweep must be one of them; empty: "config" is refused). The grid's
-// directory is the resolved run_dir (base's "run_dir", or the program's).
+// directory is the resolved run_dir (base's "run_dir", or the program's). `after_base`, when
+// given, is applied after the base and before the sweep (a command line's own flags, which win
+// over the file's base).
 inline grid expand_grid(const nlohmann::ordered_json& spec, const std::string& where, const options& defaults,
-                        const std::vector<std::string>& configs = {}, const std::string& default_config = "") {
+                        const std::vector<std::string>& configs = {}, const std::string& default_config = "",
+                        const std::function<void(options&)>& after_base = {}) {
   using json = nlohmann::ordered_json;
   if (!spec.is_object())
     throw invalid_argument(where + ": a grid is a JSON object {\"name\": ..., \"base\": {...}, \"sweep\": {...}}");
@@ -137,6 +140,7 @@ inline grid expand_grid(const nlohmann::ordered_json& spec, const std::string& w
     base_fields.erase("config");
   }
   base.set_all(base_fields, where + ": base");
+  if (after_base) after_base(base);
   g.dir = base.run_dir;
   // the sweep: field name -> values, in the file's order
   std::vector<std::pair<std::string, std::vector<json>>> axes;
@@ -200,7 +204,8 @@ inline grid expand_grid(const nlohmann::ordered_json& spec, const std::string& w
 
 // Reads and expands a grid file; errors name the file, the field and the value.
 inline grid load_grid(const std::filesystem::path& file, const options& defaults,
-                      const std::vector<std::string>& configs = {}, const std::string& default_config = "") {
+                      const std::vector<std::string>& configs = {}, const std::string& default_config = "",
+                      const std::function<void(options&)>& after_base = {}) {
   std::ifstream in(file);
   if (!in) throw invalid_argument(file.string() + ": cannot be read (a grid file: {\"name\", \"base\", \"sweep\"})");
   nlohmann::ordered_json j;
@@ -209,19 +214,20 @@ inline grid load_grid(const std::filesystem::path& file, const options& defaults
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(file.string() + ": not JSON (" + e.what() + ")");
   }
-  grid g = expand_grid(j, file.string(), defaults, configs, default_config);
+  grid g = expand_grid(j, file.string(), defaults, configs, default_config, after_base);
   g.file = file;
   return g;
 }
 
 // --repeat N: the same configuration over seeds seed, seed+1, ..., seed+N-1 (defaults' seed), in
-// the grid directory defaults.run_dir.
+// the grid directory defaults.run_dir; the grid is named "<config>_repeat" (or "repeat").
 inline grid repeat_grid(const options& defaults, int n, const std::string& config = "",
                         const std::vector<std::string>& configs = {}) {
   if (n < 1 || n > 10000) throw invalid_argument("repeat: " + std::to_string(n) + " is not in [1, 10000]");
   nlohmann::ordered_json seeds = nlohmann::ordered_json::array();
   for (int i = 0; i < n; ++i) seeds.push_back(defaults.seed + static_cast<unsigned long long>(i));
-  nlohmann::ordered_json spec = {{"name", "repeat"}, {"base", nlohmann::ordered_json::object()},
+  nlohmann::ordered_json spec = {{"name", config.empty() ? std::string("repeat") : config + "_repeat"},
+                                 {"base", nlohmann::ordered_json::object()},
                                  {"sweep", {{"seed", seeds}}}, {"repeat", n}};
   std::vector<std::string> names = configs;
   if (!config.empty() && std::find(names.begin(), names.end(), config) == names.end()) names.push_back(config);

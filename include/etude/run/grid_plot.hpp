@@ -120,7 +120,7 @@ inline std::string tick_text(double v) {
 }
 
 // About `n` round tick values covering [lo, hi].
-inline std::vector<double> ticks(double lo, double hi, int n) {
+inline std::vector<double> ticks(double lo, double hi, int n, double least_step = 0) {
   const double span = hi - lo;
   if (!(span > 0)) return {lo};
   const double raw = span / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
@@ -130,6 +130,7 @@ inline std::vector<double> ticks(double lo, double hi, int n) {
       step = m * mag;
       break;
     }
+  step = std::max(step, least_step);
   std::vector<double> out;
   for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
   return out;
@@ -165,7 +166,7 @@ inline grid_plot_image draw_grid_plot(const std::vector<std::vector<std::pair<lo
     const std::string label = detail::tick_text(t);
     cv.text(left - 8 - detail::canvas::text_width(label), py(t) - 5, label, black);
   }
-  for (double t : detail::ticks(xlo, xhi, 8)) {  // the step axis
+  for (double t : detail::ticks(xlo, xhi, 8, 1.0)) {  // the step axis: whole steps
     cv.line(px(t), bottom, px(t), bottom + 5, black);
     const std::string label = detail::tick_text(t);
     cv.text(px(t) - detail::canvas::text_width(label) / 2, bottom + 10, label, black);
