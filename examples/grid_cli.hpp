@@ -36,13 +36,19 @@ class grid_command_line {
         ->type_name("N");
   }
 
-  bool active() const { return !file_.empty() || repeat_ > 0; }
+  // Whether a grid was asked for; --grid-run or --grid-commands without one is refused.
+  bool active() const {
+    const bool asked = !file_.empty() || repeat_ > 0;
+    if (!asked && (commands_ || run_ >= 0))
+      throw etude::invalid_argument(std::string(commands_ ? "--grid-commands" : "--grid-run") +
+                                    " needs --grid FILE or --repeat N");
+    return asked;
+  }
 
   // The grid, expanded over the session command line's options; `configs` the program's names.
   etude::run::grid expand(const session_command_line& options, const std::vector<std::string>& configs,
                           const std::string& config) const {
     if (!file_.empty() && repeat_ > 0) throw etude::invalid_argument("--grid and --repeat: give one of them");
-    if (commands_ && file_.empty() && repeat_ == 0) throw etude::invalid_argument("--grid-commands needs --grid or --repeat");
     etude::run::grid g =
         !file_.empty()
             ? etude::run::load_grid(file_, options.defaults_with_file(), configs, config,

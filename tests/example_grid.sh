@@ -86,6 +86,9 @@ grep -q -- "--array=0-2" "$g/slurm_array.sh" && grep -q 'SLURM_ARRAY_TASK_ID' "$
 out=$(eval "$(sed -n 2p <<<"$cmds")" 2>&1) || ran $? || fail "the second command failed: $out"
 [[ "$out" == *"run 1 (lr=0.003) finished before: skipped"* ]] || fail "the second command: $out"
 expect 2 "grid-run: 3 is not a run of grid 'lr'" "$small" --grid "$dir/lr.json" --run-dir "$g" --grid-run 3
+expect 2 "--grid-commands needs --grid FILE or --repeat N" "$small" --grid-commands --run-dir "$dir/none"
+expect 2 "--grid and --repeat: give one of them" "$small" --grid "$dir/lr.json" --repeat 2 --run-dir "$dir/none"
+[[ -e "$dir/none" ]] && fail "a refused command line wrote $dir/none"
 echo '{"name": "bad", "sweep": {"lr": [1e-3, "fast"]}}' >"$dir/bad.json"
 expect 2 "$dir/bad.json: sweep.lr: value \"fast\"" "$small" --grid "$dir/bad.json" --run-dir "$dir/bad"
 [[ -e "$dir/bad" ]] && fail "a refused grid wrote $dir/bad"
