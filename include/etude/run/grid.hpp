@@ -362,7 +362,6 @@ inline std::string grid_number(double v, const char* format = "%.4f") {
 
 // The table as Markdown (summary.md), the same rows as CSV (summary.csv).
 inline std::string summary_markdown(const grid& g, const std::vector<run_outcome>& outcomes) {
-  std::string keys;
   std::vector<std::string> axes;
   if (!g.runs.empty())
     for (const auto& [k, v] : g.runs.front().swept.items()) axes.push_back(k);
