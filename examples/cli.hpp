@@ -101,6 +101,13 @@ class session_command_line {
 
   // The options resolved; throws etude::invalid_argument naming the flag, the --set or the file.
   etude::run::options resolve() const {
+    etude::run::options r = defaults_with_file();
+    apply_given(r);
+    return r;
+  }
+
+  // The program's defaults with --options FILE applied (what a grid's base goes over).
+  etude::run::options defaults_with_file() const {
     etude::run::options r = defaults_;
     if (!file_.empty()) {
       try {
@@ -109,6 +116,11 @@ class session_command_line {
         throw etude::invalid_argument(std::string("--options: ") + e.what());
       }
     }
+    return r;
+  }
+
+  // The flags given and the --set assignments, applied to `r` (over a grid's base).
+  void apply_given(etude::run::options& r) const {
     const auto given = flags_.to_json();
     etude::run::visit_fields(flags_, [&](auto f) {
       if (app_->count(flag_of(f.name)) > 0) r.set(f.name, etude::run::detail::as_text(given[f.name]));
@@ -120,8 +132,9 @@ class session_command_line {
         throw etude::invalid_argument("--set " + s + ": " + e.what());
       }
     }
-    return r;
   }
+
+  const etude::run::options& defaults() const { return defaults_; }
 
   // "--valid-every" for "valid_every"
   static std::string flag_of(const std::string& name) {

@@ -4,6 +4,7 @@
 // run directory holds what train_tiny's does (run.json, metrics.jsonl, TensorBoard events,
 // checkpoints); a second invocation resumes; SIGTERM stops it with a checkpoint (exit 75).
 //   train_small [--config NAME] [--list] [every session option (--help)] [--set NAME=VALUE ...]
+//               [--grid FILE [--grid-run INDEX | --grid-commands]] [--repeat N]
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include <etude/run/session.hpp>
 
 #include "cli.hpp"
+#include "grid_cli.hpp"
 
 namespace {
 
@@ -43,26 +45,36 @@ int main(int argc, char** argv) try {
   defaults.checkpoint_every = 20;
   etude_cli::session_command_line options;
   options.add(app, defaults);
+  etude_cli::grid_command_line grid;  // --grid FILE [--grid-run I | --grid-commands], --repeat N
+  grid.add(app);
   etude_cli::parse(app, argc, argv);
   if (list) {
     for (const auto& c : configs::list())
       std::printf("%-12s %s (signature %s)\n", c.name.c_str(), c.description.c_str(), c.signature.c_str());
     return 0;
   }
-  const etude::run::options o = options.resolve();
   std::string command;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0) command += ' ';
-    command += argv[i];
+  for (int i = 0; i < argc; ++i) command += (i > 0 ? " " : "") + std::string(argv[i]);
+  const auto train = [&](const etude::run::options& o, const std::string& name, const nlohmann::ordered_json& parent) {
+    return configs::with(name, [&]<class Config>(std::type_identity<Config>) {
+      etude::run::hooks<etude::cpu_trainer<Config>> hooks;
+      hooks.program = "train_small";
+      etude::run::session<etude::cpu_trainer<Config>> session(o, etude::run::data_source::from_synthetic(), hooks, {},
+                                                              command);
+      session.set_configuration_name(name);
+      if (!parent.is_null()) session.set_parent(parent);
+      return session.run();
+    });
+  };
+  if (grid.active()) {
+    std::vector<std::string> names;
+    for (const auto& c : configs::list()) names.push_back(c.name);
+    return grid.run(grid.expand(options, names, config), argc, argv,
+                    [&](const etude::run::grid_run& r, const nlohmann::ordered_json& parent) {
+                      return train(r.opts, r.config, parent);
+                    });
   }
-  return configs::with(config, [&]<class Config>(std::type_identity<Config>) {
-    etude::run::hooks<etude::cpu_trainer<Config>> hooks;
-    hooks.program = "train_small";
-    etude::run::session<etude::cpu_trainer<Config>> session(o, etude::run::data_source::from_synthetic(), hooks, {},
-                                                            command);
-    session.set_configuration_name(config);
-    return session.run().exit_code();
-  });
+  return train(options.resolve(), config, nullptr).exit_code();
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_small: %s\n", e.what());
   return 2;

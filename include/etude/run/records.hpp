@@ -17,6 +17,7 @@
 #include "etude/backend/cpu/executor.hpp"
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/data/loader.hpp"
+#include "etude/io/checkpoint/run_state.hpp"
 #include "etude/io/config_record.hpp"
 #include "etude/run/options.hpp"
 #include "etude/train/communicator.hpp"
