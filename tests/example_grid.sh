@@ -18,20 +18,7 @@ plot=${3:-plot}
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$dir"
 mkdir -p "$dir"
-failed=0
-fail() {
-  echo "FAILED: $*"
-  failed=1
-}
-ran() { [[ $1 -eq 0 || $1 -eq 1 ]]; }  # a short run may end above the unigram baseline (1)
-expect() {
-  local want=$1 text=$2
-  shift 2
-  local err status
-  err=$("$@" 2>&1 >/dev/null)
-  status=$?
-  [[ $status -eq $want && "$err" == *"$text"* ]] || fail "$* exited $status (want $want) with: $err (want: $text)"
-}
+. "$here/checks.sh"
 short=(--steps 4 --frames 16 --batch 4 --workers 0 --valid-every 2 --checkpoint-every 2)
 
 cat >"$dir/lr.json" <<'JSON'

@@ -7,7 +7,7 @@ set -uo pipefail
 train=$1
 fit=${2:-}
 failed=0
-. "$(dirname "$0")/expect.sh"
+. "$(dirname "$0")/checks.sh"
 expect 2 "train_tiny: --steps: 'abc' is not an integer" "$train" --steps abc
 expect 2 "--steps: 0 is out of range: the least allowed is 1" "$train" --steps 0
 expect 2 "--steps: 99999999999999999999 is out of range" "$train" --steps 99999999999999999999

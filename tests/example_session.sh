@@ -16,14 +16,7 @@ small=$2
 dir=$3
 rm -rf "$dir"
 mkdir -p "$dir"
-failed=0
-fail() {
-  echo "FAILED: $*"
-  failed=1
-}
-# a short run may end above the unigram baseline (exit 1): only other statuses fail
-ran() { [[ $1 -eq 0 || $1 -eq 1 ]]; }
-. "$(dirname "$0")/expect.sh"
+. "$(dirname "$0")/checks.sh"
 
 # --- named configurations and overrides -----------------------------------------------------------
 list=$("$small" --list) || fail "train_small --list exited $?"

@@ -19,27 +19,16 @@
 #include <etude/etude.hpp>
 #include <etude/run/session.hpp>
 
+#include "fixture.hpp"
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr etude::shape shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 2, .max_len = 64};
-using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
-using cfg = etude::train_config<lm, etude::accumulate<2>>;
-using trainer_t = etude::cpu_trainer<cfg>;
+using etude::test::run_fixture::trainer_t;
 
-// Step s's batch: repeating four-token motifs per codebook, from one of two offsets per example.
-etude::token_batch batch_for(long step, etude::index_t batch, etude::index_t frames) {
-  etude::token_batch b(batch, shape.codebooks, frames);
-  etude::rng r(500 + static_cast<std::uint64_t>(step));
-  for (etude::index_t e = 0; e < batch; ++e) {
-    const auto offset = static_cast<etude::token_t>(8 * r.below(2));
-    for (int k = 0; k < shape.codebooks; ++k)
-      for (etude::index_t t = 0; t < frames; ++t) b.at(e, k, t) = static_cast<etude::token_t>((offset + k + t % 4) % shape.card);
-  }
-  return b;
-}
+etude::run::data_source data() { return etude::test::run_fixture::motifs(500, 2); }
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("etude_run_session_" + std::to_string(::getpid())) / name;
@@ -61,15 +50,6 @@ etude::run::options options_for(const fs::path& dir) {
   return o;
 }
 
-etude::run::data_source data() {
-  etude::run::data_source d;
-  d.batches = batch_for;
-  d.validation = [](etude::index_t batch, etude::index_t frames) {
-    return std::vector<etude::token_batch>{batch_for(1000, batch, frames), batch_for(1001, batch, frames)};
-  };
-  d.name = "motifs";
-  return d;
-}
 
 // The hooks: a validation metric (the step it was taken at), samples as a record, and, when
 // `signal_at` is a step, a signal raised at that step's validation (as a cluster's would arrive).

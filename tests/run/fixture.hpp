@@ -1,0 +1,47 @@
+// The small model and the program's own batches the run library's tests train (tests/run/): a
+// 2-layer model of 4 codebooks of 32 entries, and batches of repeating four-token motifs per
+// codebook from one of two offsets per example, a function of the step (as a session needs for
+// exact resumes), which the model learns below the unigram baseline within a few steps.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <etude/etude.hpp>
+#include <etude/run/data_source.hpp>
+
+namespace etude::test::run_fixture {
+
+inline constexpr etude::shape shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 2, .max_len = 64};
+using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
+using cfg = etude::train_config<lm, etude::accumulate<2>>;
+using trainer_t = etude::cpu_trainer<cfg>;
+
+// Step `step`'s batch, drawn from the generator seeded seed_base + step.
+inline etude::token_batch motif_batch(long step, etude::index_t batch, etude::index_t frames, std::uint64_t seed_base) {
+  etude::token_batch b(batch, shape.codebooks, frames);
+  etude::rng r(seed_base + static_cast<std::uint64_t>(step));
+  for (etude::index_t e = 0; e < batch; ++e) {
+    const auto offset = static_cast<etude::token_t>(8 * r.below(2));
+    for (int k = 0; k < shape.codebooks; ++k)
+      for (etude::index_t t = 0; t < frames; ++t) b.at(e, k, t) = static_cast<etude::token_t>((offset + k + t % 4) % shape.card);
+  }
+  return b;
+}
+
+// The training batches and `validation` validation batches (steps 1000, 1001, ... of the same draw).
+inline etude::run::data_source motifs(std::uint64_t seed_base, int validation) {
+  etude::run::data_source d;
+  d.batches = [seed_base](long step, etude::index_t batch, etude::index_t frames) {
+    return motif_batch(step, batch, frames, seed_base);
+  };
+  d.validation = [seed_base, validation](etude::index_t batch, etude::index_t frames) {
+    std::vector<etude::token_batch> out;
+    for (int i = 0; i < validation; ++i) out.push_back(motif_batch(1000 + i, batch, frames, seed_base));
+    return out;
+  };
+  d.name = "motifs";
+  return d;
+}
+
+}  // namespace etude::test::run_fixture
