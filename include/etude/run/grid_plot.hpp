@@ -2,11 +2,10 @@
 // A grid's validation curves as a PNG: each run's validation ce against step as a line in its own
 // colour (grid_plot_colour(i)), on axes with tick marks and numbers, and a legend of coloured
 // swatches labelled with the runs' indices (summary.md names each index's run). Drawn pixel by
-// pixel (a 3x5 digit font of our own), written as 8-bit RGB with libpng's simplified API, atomically.
+// pixel (a 3x5 digit font of our own), written as 8-bit RGB by track/piano_roll.hpp's PNG encoder
+// (libpng's simplified API), atomically.
 // Not for: the summary table (grid.hpp), piano rolls (track/piano_roll.hpp).
 #pragma once
-
-#include <png.h>
 
 #include <algorithm>
 #include <array>
@@ -22,10 +21,7 @@
 #include "etude/core/detail/posix_file.hpp"
 #include "etude/core/error.hpp"
 #include "etude/run/grid.hpp"
-
-#if PNG_LIBPNG_VER < 10629
-#error "etude/run/grid_plot.hpp needs libpng 1.6.29 or later (png_image_write_to_memory)"
-#endif
+#include "etude/track/piano_roll.hpp"
 
 namespace etude::run {
 
@@ -42,10 +38,8 @@ inline rgb grid_plot_colour(std::size_t i) {
   return c;
 }
 
-struct grid_plot_image {
-  int width = 0, height = 0;
-  std::vector<std::uint8_t> pixels;  // (height, width, 3) RGB
-};
+// An RGB image (height, width, 3) as track's PNG encoder (track::png_bytes) takes it.
+using grid_plot_image = track::piano_roll_image;
 
 namespace detail {
 
@@ -192,20 +186,7 @@ inline grid_plot_image draw_grid_plot(const std::vector<std::vector<std::pair<lo
 }
 
 inline std::vector<unsigned char> grid_plot_png(const grid_plot_image& img, const std::string& where) {
-  png_image png;
-  std::memset(&png, 0, sizeof png);
-  png.version = PNG_IMAGE_VERSION;
-  png.width = static_cast<png_uint_32>(img.width);
-  png.height = static_cast<png_uint_32>(img.height);
-  png.format = PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&png, nullptr, &size, 0, img.pixels.data(), img.width * 3, nullptr))
-    throw error(where + ": libpng cannot encode the plot: " + std::string(png.message));
-  std::vector<unsigned char> out(size);
-  if (!png_image_write_to_memory(&png, out.data(), &size, 0, img.pixels.data(), img.width * 3, nullptr))
-    throw error(where + ": libpng cannot encode the plot: " + std::string(png.message));
-  out.resize(size);
-  return out;
+  return track::png_bytes(img, where);
 }
 
 // Writes the grid's validation curves to `path` (the grid directory's valid_ce.png by default).
