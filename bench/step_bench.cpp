@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 
 #include <etude/etude.hpp>
+#include <etude/run/threads.hpp>
 
 #include "cpu_load.hpp"
 #include "peaks.hpp"
@@ -46,14 +47,15 @@ using etude_bench::median;
 bool profile_steps = false;
 
 // The path products take (oneDNN, OpenBLAS or widened sgemm, and why), as JSON fields: float
-// products for fp32, two bf16 operands for bf16; and self-attention's products.
+// products for fp32, two bf16 operands for bf16; self-attention's products; and how OpenMP's threads wait.
 std::string products_json(bool bf16) {
   std::string path = bf16 ? etude::backend::cpu::bf16_products() : etude::backend::cpu::float_products();
   std::string attention = etude::backend::cpu::attention_products();
   std::replace(path.begin(), path.end(), '"', '\'');
   std::replace(attention.begin(), attention.end(), '"', '\'');
   return std::string(", \"") + (bf16 ? "bf16_products" : "float_products") + "\": \"" + path +
-         "\", \"attention_products\": \"" + attention + "\"";
+         "\", \"attention_products\": \"" + attention + "\", \"openmp_waiting\": \"" +
+         etude::run::openmp_waiting() + "\"";
 }
 
 // Minor page faults of this process so far: a step that touches fresh pages (a buffer allocated
@@ -248,6 +250,7 @@ void bench_configs(const std::string& which, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  etude::run::prefer_short_openmp_spins(argv);  // as the examples do (run/threads.hpp)
   std::string which = "all", precision = "fp32";
   int steps = 5;
   for (int i = 1; i < argc; ++i) {

@@ -16,6 +16,7 @@
 #include <etude/data/condition_vocab.hpp>
 #include <etude/data/npy.hpp>
 #include <etude/io/load_generator.hpp>
+#include <etude/run/threads.hpp>
 
 #include "chorale_samples.hpp"
 #include "cli.hpp"
@@ -115,6 +116,7 @@ etude::condition_input condition_of(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  etude::run::prefer_short_openmp_spins(argv);  // run/threads.hpp: a shared machine
   const options o = parse(argc, argv);
   auto gen = o.weights.empty() ? etude::io::generator_from_checkpoint<cfg>(o.checkpoint)
                                : etude::io::generator_from_weights<cfg>(o.weights);

@@ -30,6 +30,7 @@ using configs = etude::run::configurations<
 }  // namespace
 
 int main(int argc, char** argv) try {
+  etude::run::prefer_short_openmp_spins(argv);  // run/threads.hpp: a shared machine
   CLI::App app{"Trains MusicGen-small's layer shape at 2 layers on synthetic tokens.", "train_small"};
   etude_cli::configure(app);
   std::string config = "small";

@@ -160,6 +160,7 @@ extern template class etude::trainer<cfg, etude::backend::cuda>;
 #endif
 
 int main(int argc, char** argv) try {
+  etude::run::prefer_short_openmp_spins(argv);  // run/threads.hpp: a shared machine
   const program_options o = parse(argc, argv);
   std::string command;
   for (int i = 0; i < argc; ++i) {

@@ -8,7 +8,9 @@
 #   - preemption: SIGTERM in the middle of a run stops it after the step in flight with a
 #     checkpoint and exit status 75; the same command resumes it and it ends bit for bit where an
 #     uninterrupted run ends (the final metrics line, every tensor of the final checkpoint); two
-#     signals stop it at once (killed by the signal) and the directory still resumes.
+#     signals stop it at once (killed by the signal) and the directory still resumes;
+#   - a shared machine: where the environment names no OpenMP waiting, the program restarts itself
+#     once with short spins (GOMP_SPINCOUNT=1000) and run.json says who chose the waiting.
 #   tests/example_session.sh TRAIN_TINY TRAIN_SMALL DIR
 set -uo pipefail
 tiny=$1
@@ -58,14 +60,17 @@ assert r["status"] == "finished" and r["summary"]["step"] == 6, r["status"]
 PY
 
 # the same records as the main job's: run.json's fields, metrics, events, checkpoints
-"$tiny" --synthetic --steps 6 --batch 4 "${common[@]}" --valid-every 3 --samples 0 --run-dir "$dir/tiny" \
-  >"$dir/tiny.log" 2>&1
+# (run with no OpenMP waiting in its environment, so that etude chooses it: run/threads.hpp)
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$tiny" --synthetic --steps 6 --batch 4 "${common[@]}" --valid-every 3 \
+  --samples 0 --run-dir "$dir/tiny" >"$dir/tiny.log" 2>&1
 ran $? || { fail "train_tiny --synthetic failed"; cat "$dir/tiny.log"; }
 python3 - "$dir/tiny/run.json" "$dir/small/run.json" <<'PY' || fail "train_small's run.json lacks fields train_tiny's has"
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 assert list(a) == list(b), (list(a), list(b))
 assert list(a["options"]) == list(b["options"])
+assert a["hardware"]["openmp_waiting"].startswith("GOMP_SPINCOUNT=1000 (set by etude"), a["hardware"]
+assert b["hardware"]["openmp_waiting"] == "OMP_WAIT_POLICY=passive (the environment's)", b["hardware"]
 PY
 for f in run.json metrics.jsonl tensorboard checkpoints/latest; do
   [[ -e "$dir/small/$f" ]] || fail "train_small's run directory has no $f"
@@ -83,6 +88,19 @@ grep -q "resuming with a changed option: hyper.total_steps: 7 here, 6 in the che
   fail "train_small did not resume with more steps: $(head -3 "$dir/small3.log")"
 grep -q '"hyper.total_steps: 7 here, 6 in the checkpoint"' "$dir/small/run.json" ||
   fail "run.json does not record the changed steps"
+
+# --- a shared machine: OpenMP's threads spin briefly unless the environment says otherwise ----------
+# libgomp shows what it read at its start (OMP_DISPLAY_ENV): the program starts once with the
+# runtime's default, then once more, exec'd by itself, with GOMP_SPINCOUNT=1000; a waiting the
+# environment names is kept, and the program starts once.
+starts() { grep -c 'OPENMP DISPLAY ENVIRONMENT BEGIN' <<<"$1"; }
+out=$(env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "$small" --list 2>&1) || fail "--list exited $?"
+[[ $(starts "$out") -eq 2 && "$(grep GOMP_SPINCOUNT <<<"$out" | tail -1)" == *"'1000'"* && "$out" == *"small_bf16"* ]] ||
+  fail "with no OpenMP waiting named, the second start does not have GOMP_SPINCOUNT=1000: $out"
+out=$(env GOMP_SPINCOUNT=7 OMP_DISPLAY_ENV=verbose "$small" --list 2>&1) || fail "--list exited $?"
+[[ $(starts "$out") -eq 1 && "$out" == *"GOMP_SPINCOUNT = '7'"* ]] || fail "GOMP_SPINCOUNT=7 was not kept: $out"
+out=$(env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=verbose "$small" --list 2>&1) || fail "--list exited $?"
+[[ $(starts "$out") -eq 1 && "$out" == *"OMP_WAIT_POLICY = 'ACTIVE'"* ]] || fail "OMP_WAIT_POLICY=active was not kept: $out"
 
 # --- preemption -----------------------------------------------------------------------------------
 # slow storage (--loader-delay-ms) keeps the run in flight long enough to be signalled mid-way

@@ -20,6 +20,7 @@
 #include "etude/io/checkpoint/run_state.hpp"
 #include "etude/io/config_record.hpp"
 #include "etude/run/options.hpp"
+#include "etude/run/threads.hpp"
 #include "etude/train/communicator.hpp"
 #include "etude/train/stats.hpp"
 #include "etude/train/trainer.hpp"
@@ -108,6 +109,7 @@ json run_record(const options& o, const Trainer& trainer, const record_parts& pa
                         {"global_batch", o.batch},
                         {"batch_per_rank", o.batch / w.size}};
   r["hardware"] = {{"backend", backend_name<typename Trainer::backend_type>()}, {"threads", backend::cpu::threads()},
+                   {"openmp_waiting", openmp_waiting()},
                    {"loader_workers", o.workers},
                    {"float_products", backend::cpu::float_products()},
                    {"bf16_products", backend::cpu::bf16_products()},

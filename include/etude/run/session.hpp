@@ -51,6 +51,7 @@
 #include "etude/run/options.hpp"
 #include "etude/run/preemption.hpp"
 #include "etude/run/records.hpp"
+#include "etude/run/threads.hpp"
 #include "etude/track/activation_stats.hpp"
 #include "etude/track/gradient_diagnostics.hpp"
 #include "etude/track/metrics_log.hpp"
