@@ -36,7 +36,20 @@ out=$( (ulimit -v 3000000; "$tiny" --synthetic --batch 8192 --frames 256 --run-d
 status=$?
 [[ $status -eq 2 && "$out" == *"the memory plan for batch 8192"*"the address-space limit (ulimit -v"*"activations"*"The largest microbatch of 256 frames that fits is"* ]] ||
   fail "an oversized batch under ulimit -v: exit $status: $out"
+# frames the model cannot take, and a split with no example long enough, before any data is made
+expect 2 "frames: 5000 is more than this configuration's model takes" "$tiny" --synthetic --frames 5000 --run-dir "$dir/x"
+expect 2 "allows at most 511 frames; lower frames or raise max_len" "$small" --frames 5000 --run-dir "$dir/x"
+expect 2 "none of its 315 examples has the 800 frames a segment of 1000 needs" "$tiny" --frames 1000 --run-dir "$dir/x"
 [[ -e "$dir/x" ]] && fail "a refused command line wrote $dir/x"
+# a run directory whose checkpoints/ leads elsewhere is refused, and what it leads to is untouched
+mkdir -p "$dir/linked" "$dir/elsewhere"
+: >"$dir/linked/.etude-run"  # an etude run (its lock file)
+echo theirs >"$dir/elsewhere/ckpt-000000002.safetensors"
+ln -s "$dir/elsewhere" "$dir/linked/checkpoints"
+expect 2 "$dir/linked/checkpoints: a symbolic link (to $dir/elsewhere) where etude keeps its checkpoints" \
+  "$tiny" --synthetic --steps 2 --fresh --run-dir "$dir/linked"
+[[ "$(ls "$dir/elsewhere")" == "ckpt-000000002.safetensors" && "$(cat "$dir/elsewhere/ckpt-000000002.safetensors")" == theirs ]] ||
+  fail "a refused run touched what its checkpoints link leads to: $(ls -l "$dir/elsewhere")"
 help=$("$small" --help) || fail "train_small --help exited $?"
 [[ "$help" == *"--weight-decay"* && "$help" == *"--set"* && "$help" == *"--config"* ]] || fail "train_small --help: $help"
 

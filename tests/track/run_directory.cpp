@@ -1,6 +1,7 @@
 // The run directory: a foreign directory is refused untouched, a second holder is refused with the
 // first one's pid and command, --fresh removes etude's files and nothing else, temporaries of
-// interrupted saves go, and rewind() cuts metrics and TensorBoard events back to a step.
+// interrupted saves go, rewind() cuts metrics and TensorBoard events back to a step, and a
+// symbolic link in place of any of etude's files or folders is refused with nothing touched.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,6 +105,88 @@ TEST_CASE("--fresh removes what etude wrote, and nothing else", "[run_directory]
                                            "tensorboard/my-plot.png"});
   REQUIRE(!notices.empty());
   CHECK_THAT(notices.back(), Catch::Contains("removed 9 files etude wrote"));
+}
+
+// Every file below `dir` with its bytes, links not followed: what a refused open must leave as it was.
+std::map<std::string, std::string> contents(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string name = fs::relative(e.path(), dir).string();
+    if (e.is_symlink()) out[name] = "-> " + fs::read_symlink(e.path()).string();
+    else if (e.is_regular_file()) {
+      const auto bytes = etude::test::read_bytes(e.path());
+      out[name] = std::string(bytes.begin(), bytes.end());
+    }
+    else out[name] = "(folder)";
+  }
+  return out;
+}
+
+TEST_CASE("a link in place of any of etude's files or folders is refused before anything is touched, inside or out",
+          "[run_directory][links]") {
+  struct placed {
+    const char* link;    // in the run directory
+    bool folder;         // the target is a folder of etude-like files
+    const char* reason;  // what the refusal says etude keeps there
+  };
+  for (const placed& p : {placed{"checkpoints", true, "its checkpoints"},
+                          placed{"checkpoints/rejected", true, "the checkpoints it set aside"},
+                          placed{"tensorboard", true, "its TensorBoard events"},
+                          placed{"samples", true, "its samples"},
+                          placed{"metrics.jsonl", false, "one of its records"},
+                          placed{"run.json", false, "one of its records"},
+                          placed{"checkpoints/ckpt-000000010.safetensors", false, "a checkpoint or the latest pointer"},
+                          placed{"checkpoints/latest", false, "a checkpoint or the latest pointer"},
+                          placed{"checkpoints/rejected/ckpt-000000012.safetensors.1", false, "a checkpoint it set aside"},
+                          placed{"tensorboard/events.out.tfevents.1700000000.host", false, "TensorBoard events"},
+                          placed{"samples/sample-0.wav", false, "a sample"}}) {
+    for (bool fresh : {false, true}) {
+      INFO(p.link << (fresh ? " with fresh" : ""));
+      etude::test::scratch_dir dir;
+      const fs::path run = dir / "run", outside = dir / "elsewhere";
+      { run_directory r(run, quiet()); }
+      touch(run / "metrics.jsonl", "{\"step\":1}\n");
+      touch(run / "checkpoints" / "ckpt-000000004.safetensors", "mine");
+      // what the link leads to: a folder of files with etude's names, or one such file
+      for (const char* f : {"ckpt-000000008.safetensors", "latest", "ckpt-000000012.safetensors.1",
+                            "events.out.tfevents.1600000000.other", "sample-1.wav", "metrics.jsonl", "run.json",
+                            "ckpt-000000008.safetensors.tmp-1-1"})
+        touch(outside / f, std::string("someone else's ") + f);
+      const fs::path link = run / p.link;
+      fs::remove_all(link);
+      fs::create_directories(link.parent_path());
+      if (p.folder) fs::create_directory_symlink(outside, link);
+      else fs::create_symlink(outside / "metrics.jsonl", link);
+      const auto run_before = contents(run), outside_before = contents(outside);
+      CHECK_THROWS_WITH(run_directory(run, quiet(fresh)),
+                        Catch::Contains(link.string() + ": a symbolic link (to " + outside.string()) &&
+                            Catch::Contains("where etude keeps " + std::string(p.reason)) &&
+                            Catch::Contains("Nothing was changed"));
+      CHECK(contents(outside) == outside_before);
+      auto run_after = contents(run);
+      run_after.erase(".etude-run");  // the lock's holder is rewritten by every open
+      auto expected = run_before;
+      expected.erase(".etude-run");
+      CHECK(run_after == expected);
+    }
+  }
+}
+
+TEST_CASE("the user's own links stay, and --fresh leaves what they lead to alone", "[run_directory][links]") {
+  etude::test::scratch_dir dir;
+  const fs::path run = dir / "run", outside = dir / "elsewhere";
+  { run_directory r(run, quiet()); }
+  touch(run / "metrics.jsonl", "{\"step\":1}\n");
+  touch(outside / "ckpt-000000008.safetensors", "theirs");
+  touch(outside / "metrics.jsonl", "theirs");
+  fs::create_directory_symlink(outside, run / "data");
+  fs::create_symlink(outside / "metrics.jsonl", run / "notes.jsonl");
+  const auto outside_before = contents(outside);
+  run_directory r(run, quiet(true));
+  CHECK(r.removed() == std::vector<fs::path>{run / "metrics.jsonl"});
+  CHECK(fs::is_symlink(run / "data"));
+  CHECK(fs::is_symlink(run / "notes.jsonl"));
+  CHECK(contents(outside) == outside_before);
 }
 
 TEST_CASE("a run written before the lock existed is still recognised as etude's", "[run_directory]") {

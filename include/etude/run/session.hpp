@@ -254,6 +254,14 @@ void session<Trainer>::prepare_data() {
     lc_.codebooks = K;
     lc_.card = S.card;
     lc_.tail = data::last_batch::drop;  // every step sees a full batch
+    {
+      // the training loader's plan alone (no worker, no batch read): its refusals come now
+      auto plan_only = lc_;
+      plan_only.workers = 0;
+      plan_only.allocator = nullptr;
+      plan_only.on_notice = [](const std::string&) {};
+      data::loader probe(dataset_->split("train"), plan_only);
+    }
     if constexpr (conditioned) {
       vocab_ = data::build_condition_vocab<conditions>(*dataset_->split("train"), data_.given_vocabularies);
       encoder_.emplace(*vocab_, *dataset_);
@@ -371,9 +379,21 @@ result session<Trainer>::run() {
     throw invalid_argument("no data: give the session a data_source of shards, synthetic tokens or batches");
   if (data_.batches && !data_.validation)
     throw invalid_argument("a data_source with batches needs its validation batches too");
+  if (o_.frames > model::max_frames())
+    throw invalid_argument("frames: " + std::to_string(o_.frames) + " is more than this configuration's model takes: " +
+                           "with its pattern, shape.max_len (" + std::to_string(S.max_len) + ")" +
+                           (model::prefix > 0 ? " less the " + std::to_string(model::prefix) +
+                                                    " condition positions fuse::prepend puts in front"
+                                              : std::string()) +
+                           " allows at most " + std::to_string(model::max_frames()) +
+                           " frames; lower frames or raise max_len");
   // from here a signal asks for a clean stop (at the first step's end at the earliest)
   preemption_guard preemption;
   check_memory();
+  // the data's description and how it is cut, before anything is allocated or the run directory
+  // touched: a split with no example long enough for frames, or too few for a batch, is refused
+  // here (only the manifest is read)
+  prepare_data();
   trainer_.emplace(o_.trainer_hyperparameters());
   Trainer& trainer = *trainer_;
   if (w_.comm != nullptr)
@@ -383,8 +403,6 @@ result session<Trainer>::run() {
   if (w_.lead())
     held_.emplace(o_.run_dir, track::run_directory_options{.fresh = o_.fresh, .command = command_, .notice = {}});
   if (w_.comm != nullptr) w_.comm->barrier("run directory");
-
-  prepare_data();
 
   // a step left waiting for its batch (slow storage, too few workers, a hung worker): printed, and
   // in run.json while it waits, one entry per wait that grows with it, so that a run stuck on its

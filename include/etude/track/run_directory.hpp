@@ -4,6 +4,9 @@
 //   - takes an exclusive lock (flock on `.etude-run`, held while the object lives, released by
 //     the kernel when the process dies) and refuses a second holder with its pid, host, start
 //     time and command;
+//   - refuses, under the lock and before anything is removed, a symbolic link in place of any file
+//     or folder of its own (checkpoints/, metrics.jsonl, a checkpoint, an event file, ...): every
+//     file etude removes or rewrites stays inside the run directory, whatever links it holds;
 //   - then, under the lock: with `fresh`, removes what etude wrote there (run.json, metrics.jsonl,
 //     trace.json, TensorBoard event files, checkpoints, the `latest` pointer, rejected checkpoints) and
 //     nothing else; and removes the temporaries of saves a kill interrupted (atomic_file's names
@@ -92,6 +95,7 @@ class run_directory {
                             "directory or one of its own runs, so nothing here was touched: choose another directory");
     }
     lock(o.command);
+    refuse_links();
     if (o.fresh) remove_own_files();
     remove_stale_temporaries();
   }
@@ -193,6 +197,52 @@ class run_directory {
     for (const char c : std::string_view(buf, n > 0 ? static_cast<std::size_t>(n) : 0)) out += c == '\n' ? ", " : std::string(1, c);
     while (out.ends_with(", ")) out.resize(out.size() - 2);
     return out.empty() ? "it has not recorded its pid yet" : out;
+  }
+
+  // Every file and folder etude removes or rewrites here is a real one, not a symbolic link that
+  // would lead it out of the run directory (checkpoints/ linked to another disk, metrics.jsonl to a
+  // shared log): refused under the lock, before anything is removed, naming the link and its
+  // target. Links under other names are the user's and are left alone.
+  void refuse_links() const {
+    namespace fs = std::filesystem;
+    const auto refuse_if_link = [&](const fs::path& p, const char* what) {
+      std::error_code ec;
+      if (!fs::is_symlink(fs::symlink_status(p, ec))) return;
+      const fs::path target = fs::read_symlink(p, ec);
+      throw invalid_input(p.string() + ": a symbolic link (to " + (ec ? std::string("an unreadable target") : target.string()) +
+                          ") where etude keeps " + what + "; etude removes and rewrites its files only inside the run " +
+                          "directory, and this link would lead it out of " + dir_.string() + ": replace the link with a " +
+                          "real file or folder (or give the run directory itself another place). Nothing was changed.");
+    };
+    for (const char* name : {"run.json", "metrics.jsonl", "conditions.json", "trace.json"})
+      refuse_if_link(dir_ / name, "one of its records");
+    refuse_if_link(checkpoints(), "its checkpoints");
+    refuse_if_link(checkpoints() / "rejected", "the checkpoints it set aside");
+    refuse_if_link(tensorboard(), "its TensorBoard events");
+    refuse_if_link(samples(), "its samples");
+    const auto own_or_temporary = [](auto own) {
+      return [own](const std::string& n) {
+        const auto target = etude::detail::atomic_temporary_target(n);
+        return own(n) || (target && own(*target));
+      };
+    };
+    const auto links_in = [&](const fs::path& dir, auto own, const char* what) {
+      std::error_code ec;
+      if (!fs::is_directory(fs::symlink_status(dir, ec))) return;
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (own(e.path().filename().string())) refuse_if_link(e.path(), what);
+    };
+    links_in(checkpoints(), own_or_temporary([](const std::string& n) { return io::detail::is_checkpoint_file(n); }),
+             "a checkpoint or the latest pointer");
+    links_in(checkpoints() / "rejected", [](const std::string& n) { return is_rejected_checkpoint(n); },
+             "a checkpoint it set aside");
+    links_in(tensorboard(), own_or_temporary([](const std::string& n) { return is_event_file(n); }),
+             "TensorBoard events");
+    links_in(samples(), own_or_temporary([](const std::string& n) { return is_sample_file(n); }), "a sample");
+    links_in(dir_, [](const std::string& n) {
+      const auto target = etude::detail::atomic_temporary_target(n);
+      return target && is_own_top_file(*target);
+    }, "a temporary of one of its records");
   }
 
   void remove_file(const std::filesystem::path& p) {
