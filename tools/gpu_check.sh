@@ -157,7 +157,7 @@ fi
 # ---- build: CMake first (ETUDE_GPU_CHECK_DIRECT=1 goes straight to the direct build) ----------------
 if [ -z "${ETUDE_GPU_CHECK_DIRECT:-}" ] && stage "configure (CMake)" tmo "$(limit 120 200)" cmake -S "$ROOT" -B "$BUILD_DIR" \
      -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DETUDE_BUILD_EXAMPLES=OFF -DETUDE_INSTALL=OFF; then
-  stage "build (CMake)" tmo "$(limit 300 180)" cmake --build "$BUILD_DIR" --target test_gpu_ops test_gpu_step test_gpu_cond test_gpu_contracts ops_bench -j "$JOBS" \
+  stage "build (CMake)" tmo "$(limit 300 180)" cmake --build "$BUILD_DIR" --target test_gpu_ops test_gpu_step test_gpu_cond test_gpu_contracts test_gpu_generate test_gpu_session ops_bench -j "$JOBS" \
     && { TEST_BIN="$BUILD_DIR/tests/gpu/test_gpu_ops"; BENCH_BIN="$BUILD_DIR/bench/gpu/ops_bench"; }
   if [ -n "$TEST_BIN" ]; then
     stage "gpu tests (ctest -L gpu)" tmo "$(limit 240 150)" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure -V

@@ -10,11 +10,10 @@
 #include <etude/etude.hpp>
 #include <etude/run/data_source.hpp>
 
+#include "fixture_config.hpp"
+
 namespace etude::test::run_fixture {
 
-inline constexpr etude::shape shape{.codebooks = 4, .card = 32, .dim = 32, .heads = 2, .layers = 2, .max_len = 64};
-using lm = etude::model<shape, etude::pattern::delay<0, 1, 2, 3>>;
-using cfg = etude::train_config<lm, etude::accumulate<2>>;
 using trainer_t = etude::cpu_trainer<cfg>;
 
 // Step `step`'s batch, drawn from the generator seeded seed_base + step.

@@ -5,7 +5,7 @@
 // `ulimit -v`, `ulimit -d`). A session compares its memory plan with it before the trainer
 // allocates, so that a run too large for the machine is refused with the plan and what would fit,
 // never met by std::bad_alloc, a crash or the OOM killer.
-// Not for: device memory (a CUDA trainer's plan is the device's; see will_it_fit and train/fits.hpp).
+// Not for: device memory (the session asks a CUDA trainer's executor: cuda_step_executor::memory_now).
 #pragma once
 
 #include <sys/resource.h>

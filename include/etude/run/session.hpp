@@ -199,6 +199,7 @@ class session {
   }
   void prepare_data();
   void prepare_validation();
+  memory_budget budget() const;
   void check_memory() const;
 
   options o_;
@@ -333,41 +334,56 @@ void session<Trainer>::prepare_validation() {
 
 // The plan for this batch against what the machine leaves (or memory_limit_mib), before the
 // trainer allocates anything: refused with the plan's parts, the largest microbatch that fits and
-// what else would help. The CPU's plan only: a device's is the device's (train/fits.hpp).
+// what else would help. The CPU's plan against the host's memory (run/memory_budget.hpp); a
+// device trainer's against its device's free memory, where its executor can say
+// (cuda_step_executor::memory_now: cudaMemGetInfo before the trainer's context exists).
+template <class Trainer>
+memory_budget session<Trainer>::budget() const {
+  if (o_.memory_limit_mib > 0)
+    return {static_cast<index_t>(o_.memory_limit_mib * 1048576.0), "memory_limit_mib", true};
+  using executor = typename Trainer::executor;
+  if constexpr (std::is_same_v<typename Trainer::backend_type, backend::cpu>) {
+    return host_memory_budget();
+  } else if constexpr (requires { executor::memory_now(); }) {
+    const auto m = executor::memory_now();
+    char source[200];
+    std::snprintf(source, sizeof source, "%s's free memory (%.1f of %.1f GiB free)", m.device.c_str(),
+                  static_cast<double>(m.free) / 1073741824.0, static_cast<double>(m.total) / 1073741824.0);
+    return {m.free, source, true};
+  } else {
+    return {};
+  }
+}
+
 template <class Trainer>
 void session<Trainer>::check_memory() const {
-  if constexpr (std::is_same_v<typename Trainer::backend_type, backend::cpu>) {
-    memory_budget budget = o_.memory_limit_mib > 0
-                               ? memory_budget{static_cast<index_t>(o_.memory_limit_mib * 1048576.0), "memory_limit_mib", true}
-                               : host_memory_budget();
-    if (!budget.known) return;
-    const index_t per_rank = o_.batch / w_.size, micro = per_rank / Trainer::microbatches;
-    auto plan_at = [&](index_t b) { return Trainer::plan(b, o_.frames, w_.size, o_.zero1); };
-    const memory_plan plan = plan_at(micro);
-    if (plan.total() <= budget.bytes) return;
-    const auto mib = [](index_t b) { return static_cast<double>(b) / 1048576.0; };
-    const index_t fits = largest_fitting(plan_at, budget.bytes, micro);
-    char head[400];
-    std::snprintf(head, sizeof head,
-                  "the memory plan for batch %lld (microbatches of %lld examples x %lld frames, accumulate<%d>%s) "
-                  "needs %.1f MiB, but %s leaves %.1f MiB; refusing to start.\n",
-                  static_cast<long long>(o_.batch), static_cast<long long>(micro),
-                  static_cast<long long>(o_.frames), Trainer::microbatches,
-                  w_.size > 1 ? (", " + std::to_string(w_.size) + " ranks").c_str() : "", mib(plan.total()),
-                  budget.source.c_str(), mib(budget.bytes));
-    std::string msg = head + plan.table();
-    if (fits > 0) {
-      const index_t steps = accumulation_steps(o_.batch, fits, w_.size);
-      msg += "The largest microbatch of " + std::to_string(o_.frames) + " frames that fits is " + std::to_string(fits) +
-             " examples: the same batch in accumulate<" + std::to_string(steps) + "> (a configuration change), or batch " +
-             std::to_string(fits * Trainer::microbatches * w_.size) + " as configured";
-    } else {
-      msg += "Not even a microbatch of one example of " + std::to_string(o_.frames) + " frames fits: fewer frames";
-    }
-    msg += "; activation checkpointing (checkpointing::every_layer) or bf16 take less; memory_limit_mib sets the "
-           "budget by hand.";
-    throw invalid_argument(msg);
+  const memory_budget b = budget();
+  if (!b.known) return;
+  const index_t per_rank = o_.batch / w_.size, micro = per_rank / Trainer::microbatches;
+  auto plan_at = [&](index_t n) { return Trainer::plan(n, o_.frames, w_.size, o_.zero1); };
+  const memory_plan plan = plan_at(micro);
+  if (plan.total() <= b.bytes) return;
+  const auto mib = [](index_t n) { return static_cast<double>(n) / 1048576.0; };
+  const index_t fits = largest_fitting(plan_at, b.bytes, micro);
+  char head[600];
+  std::snprintf(head, sizeof head,
+                "the memory plan for batch %lld (microbatches of %lld examples x %lld frames, accumulate<%d>%s) "
+                "needs %.1f MiB, but %s leaves %.1f MiB; refusing to start.\n",
+                static_cast<long long>(o_.batch), static_cast<long long>(micro), static_cast<long long>(o_.frames),
+                Trainer::microbatches, w_.size > 1 ? (", " + std::to_string(w_.size) + " ranks").c_str() : "",
+                mib(plan.total()), b.source.c_str(), mib(b.bytes));
+  std::string msg = head + plan.table();
+  if (fits > 0) {
+    const index_t steps = accumulation_steps(o_.batch, fits, w_.size);
+    msg += "The largest microbatch of " + std::to_string(o_.frames) + " frames that fits is " + std::to_string(fits) +
+           " examples: the same batch in accumulate<" + std::to_string(steps) + "> (a configuration change), or batch " +
+           std::to_string(fits * Trainer::microbatches * w_.size) + " as configured";
+  } else {
+    msg += "Not even a microbatch of one example of " + std::to_string(o_.frames) + " frames fits: fewer frames";
   }
+  msg += "; activation checkpointing (checkpointing::every_layer) or bf16 take less; memory_limit_mib sets the "
+         "budget by hand.";
+  throw invalid_argument(msg);
 }
 
 template <class Trainer>

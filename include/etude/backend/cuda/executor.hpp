@@ -122,6 +122,33 @@ class cuda_step_executor {
     if (ctx_.stream() != nullptr) cudaStreamSynchronize(ctx_.stream());
   }
 
+  // A device's memory as its driver reports it now (cudaMemGetInfo), before any trainer is built
+  // on it: what a session compares a plan with (run/session.hpp). device < 0: the calling thread's
+  // current device, which is the one a trainer built now would use.
+  struct device_memory {
+    index_t free = 0, total = 0;
+    std::string device;  // "device 0 (NVIDIA H100 80GB HBM3)"
+  };
+  static device_memory memory_now(int device = -1) {
+    if (device < 0) {
+      cuda::detail::checked_device(0);  // a clear error where no device is visible
+      ETUDE_CUDA_CHECK(cudaGetDevice(&device));
+    }
+    cuda::detail::checked_device(device);
+    int previous = 0;
+    ETUDE_CUDA_CHECK(cudaGetDevice(&previous));
+    ETUDE_CUDA_CHECK(cudaSetDevice(device));
+    std::size_t free = 0, total = 0;
+    cudaDeviceProp props{};
+    const cudaError_t info = cudaMemGetInfo(&free, &total);
+    const cudaError_t named = cudaGetDeviceProperties(&props, device);
+    ETUDE_CUDA_CHECK(cudaSetDevice(previous));
+    ETUDE_CUDA_CHECK(info);
+    ETUDE_CUDA_CHECK(named);
+    return {static_cast<index_t>(free), static_cast<index_t>(total),
+            "device " + std::to_string(device) + " (" + props.name + ")"};
+  }
+
   cuda::scope enter() { return cuda::scope(ctx_); }
   cuda::context& context() { return ctx_; }
   const cuda::context& context() const { return ctx_; }
