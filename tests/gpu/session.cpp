@@ -9,7 +9,6 @@
 // that fits.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -33,21 +32,10 @@ namespace {
 using device_trainer = etude::cuda_trainer<etude::test::run_fixture::device_cfg>;
 using host_trainer = etude::cpu_trainer<etude::test::run_fixture::device_cfg>;
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("etude_gpu_session_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return etude::test::run_fixture::scratch_run("gpu_session", name); }
 
 etude::run::options options_for(const fs::path& dir) {
-  etude::run::options o;
-  o.run_dir = dir;
-  o.steps = 8;
-  o.batch = 4;
-  o.frames = 16;
-  o.valid_every = 4;
-  o.checkpoint_every = 4;
-  o.workers = 0;
+  auto o = etude::test::run_fixture::small_options(dir, 8, 4);
   o.samples = 0;
   o.hyperparameters.lr = 1e-2;
   return o;

@@ -4,11 +4,16 @@
 // exact resumes), which the model learns below the unigram baseline within a few steps.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include <etude/etude.hpp>
 #include <etude/run/data_source.hpp>
+#include <etude/run/options.hpp>
 
 #include "fixture_config.hpp"
 
@@ -41,6 +46,27 @@ inline etude::run::data_source motifs(std::uint64_t seed_base, int validation) {
   };
   d.name = "motifs";
   return d;
+}
+
+// A directory for one test's run, <tmp>/etude_<suite>_<pid>/<name>, emptied (a session creates it).
+inline std::filesystem::path scratch_run(const std::string& suite, const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("etude_" + suite + "_" + std::to_string(::getpid())) / name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+// The options the run tests share: batches of 4 examples of 16 frames, validation and checkpoints
+// every `every` steps, no loader workers.
+inline etude::run::options small_options(const std::filesystem::path& dir, long steps, long every) {
+  etude::run::options o;
+  o.run_dir = dir;
+  o.steps = steps;
+  o.batch = 4;
+  o.frames = 16;
+  o.valid_every = every;
+  o.checkpoint_every = every;
+  o.workers = 0;
+  return o;
 }
 
 }  // namespace etude::test::run_fixture

@@ -6,7 +6,6 @@
 // --repeat's spread over seeds against hand-computed figures; the plot's pixels.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -33,23 +32,12 @@ etude::run::data_source data() { return etude::test::run_fixture::motifs(900, 1)
 
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("etude_run_grid_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
+  const fs::path d = etude::test::run_fixture::scratch_run("run_grid", name);
   fs::create_directories(d);
   return d;
 }
 
-etude::run::options defaults_in(const fs::path& dir) {
-  etude::run::options o;
-  o.run_dir = dir;
-  o.steps = 6;
-  o.batch = 4;
-  o.frames = 16;
-  o.valid_every = 3;
-  o.checkpoint_every = 3;
-  o.workers = 0;
-  return o;
-}
+etude::run::options defaults_in(const fs::path& dir) { return etude::test::run_fixture::small_options(dir, 6, 3); }
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);

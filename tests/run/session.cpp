@@ -8,7 +8,6 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -30,26 +29,14 @@ using etude::test::run_fixture::trainer_t;
 
 etude::run::data_source data() { return etude::test::run_fixture::motifs(500, 2); }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("etude_run_session_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return etude::test::run_fixture::scratch_run("run_session", name); }
 
 etude::run::options options_for(const fs::path& dir) {
-  etude::run::options o;
-  o.run_dir = dir;
-  o.steps = 16;
-  o.batch = 4;
-  o.frames = 16;
-  o.valid_every = 4;
-  o.checkpoint_every = 4;
-  o.workers = 0;
+  auto o = etude::test::run_fixture::small_options(dir, 16, 4);
   o.samples = 2;
   o.hyperparameters.lr = 1e-2;
   return o;
 }
-
 
 // The hooks: a validation metric (the step it was taken at), samples as a record, and, when
 // `signal_at` is a step, a signal raised at that step's validation (as a cluster's would arrive).
