@@ -289,6 +289,16 @@ void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, doub
   buf = to_host(db);
 }
 
+void ema(vec& e, const vec& p, double weight, int skip) {
+  session s;
+  auto de = to_device<float>(e);
+  const auto dp = to_device<float>(p);
+  const auto ds = one_on_device(etude::ops::ema_scalars{weight});
+  const auto dskip = one_on_device(skip);
+  backend_t::ema_update(de.data(), dp.data(), de.size(), ds.data(), dskip.data());
+  e = to_host(de);
+}
+
 namespace {
 cu::device_buffer<etude::step_decision> decision_on_device(double grad_scale, int skip) {
   etude::step_decision d;

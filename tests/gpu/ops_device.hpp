@@ -72,6 +72,8 @@ bool all_finite(dtype t, const vec& x);
 void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& v, vec* working_out,
            const optim::adamw::scalars& scalars, double grad_scale, int skip);
 void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip);
+// The EMA update (ops/ema.hpp) of fp32 averages e towards an fp32 master p with weight `weight`.
+void ema(vec& e, const vec& p, double weight, int skip);
 // The optimisers' checks on an fp32 master, fp32 gradients and moments, a working copy of dtype
 // `working` when with_working (check_result: tests/ops/runs.hpp).
 check_result adamw_check(dtype working, bool with_working, const vec& p, const vec& g, const vec& m, const vec& v,

@@ -292,6 +292,11 @@ inline void adamw(dtype grad, dtype working, vec& p, const vec& g, vec& m, vec& 
     });
   });
 }
+inline void ema(vec& e, const vec& p, double weight, int skip) {
+  using cpu = etude::backend::cpu;
+  const etude::ops::ema_scalars sc{weight};
+  cpu::ema_update(e.data(), p.data(), static_cast<index_t>(e.size()), &sc, &skip);
+}
 inline void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, double grad_scale, int skip) {
   using cpu = etude::backend::cpu;
   cpu::sgd_update(p.data(), g.data(), buf.data(), static_cast<index_t>(p.size()), &scalars, &grad_scale, &skip,

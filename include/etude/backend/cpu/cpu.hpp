@@ -22,6 +22,7 @@
 #include "etude/backend/cpu/cross_attention.hpp"
 #include "etude/backend/cpu/detail/common.hpp"
 #include "etude/backend/cpu/elementwise.hpp"
+#include "etude/backend/cpu/ema.hpp"
 #include "etude/backend/cpu/embedding.hpp"
 #include "etude/backend/cpu/gemm.hpp"
 #include "etude/backend/cpu/kv_cache.hpp"
@@ -46,6 +47,7 @@ struct cpu : cpu_gemm,
              cpu_reduce,
              cpu_adamw,
              cpu_sgd,
+             cpu_ema,
              cpu_step_control {
   static constexpr const char* name = "cpu";
   // The training state and step buffers are host memory (what a data-parallel communicator on the

@@ -33,6 +33,7 @@
 #include "etude/backend/cuda/context.cuh"
 #include "etude/backend/cuda/cross_attention.cuh"
 #include "etude/backend/cuda/elementwise.cuh"
+#include "etude/backend/cuda/ema.cuh"
 #include "etude/backend/cuda/embedding.cuh"
 #include "etude/backend/cuda/gemm.cuh"
 #include "etude/backend/cuda/kv_cache.cuh"
@@ -59,6 +60,7 @@ struct cuda : cuda_gemm,
               cuda_reduce,
               cuda_adamw,
               cuda_sgd,
+              cuda_ema,
               cuda_step_control {
   static constexpr const char* name = "cuda";
   // Bytes the backend holds outside the trainer's buffers: the context's cuBLASLt workspace.
