@@ -9,7 +9,7 @@
 //   ops/cross_attention.hpp, ops/condition.hpp (conditioned models only: condition_op_set)
 //   ops/kv_cache.hpp (kv_append, cached_attention_scratch, cached_attention: decoding)
 //   ops/softmax_xent.hpp    ops/reduce.hpp (sum_squares, all_finite)
-//   ops/adamw.hpp, ops/sgd.hpp (the updates and their checks)
+//   ops/adamw.hpp, ops/sgd.hpp (the updates and their checks)   ops/ema.hpp (the weights' average)
 //   ops/step_control.hpp (step_control, clear_unless)
 // backend/cpu/<op>.hpp and backend/cuda/<op>.cuh implement them; backend/cpu/cpu.hpp and
 // backend/cuda/cuda.cuh assemble the two op sets.
