@@ -397,12 +397,7 @@ result session<Trainer>::run() {
     throw invalid_argument("a data_source with batches needs its validation batches too");
   if (o_.frames > model::max_frames())
     throw invalid_argument("frames: " + std::to_string(o_.frames) + " is more than this configuration's model takes: " +
-                           "with its pattern, shape.max_len (" + std::to_string(S.max_len) + ")" +
-                           (model::prefix > 0 ? " less the " + std::to_string(model::prefix) +
-                                                    " condition positions fuse::prepend puts in front"
-                                              : std::string()) +
-                           " allows at most " + std::to_string(model::max_frames()) +
-                           " frames; lower frames or raise max_len");
+                           max_frames_phrase<model>() + " frames; lower frames or raise max_len");
   // from here a signal asks for a clean stop (at the first step's end at the earliest)
   preemption_guard preemption;
   check_memory();

@@ -199,6 +199,15 @@ class run_directory {
     return out.empty() ? "it has not recorded its pid yet" : out;
   }
 
+  // Whether a name is atomic_file's temporary of a file `own` says is etude's.
+  template <class Own>
+  static auto temporary_of(Own own) {
+    return [own](const std::string& n) {
+      const auto target = etude::detail::atomic_temporary_target(n);
+      return target && own(*target);
+    };
+  }
+
   // Every file and folder etude removes or rewrites here is a real one, not a symbolic link that
   // would lead it out of the run directory (checkpoints/ linked to another disk, metrics.jsonl to a
   // shared log): refused under the lock, before anything is removed, naming the link and its
@@ -221,10 +230,7 @@ class run_directory {
     refuse_if_link(tensorboard(), "its TensorBoard events");
     refuse_if_link(samples(), "its samples");
     const auto own_or_temporary = [](auto own) {
-      return [own](const std::string& n) {
-        const auto target = etude::detail::atomic_temporary_target(n);
-        return own(n) || (target && own(*target));
-      };
+      return [own, temporary = temporary_of(own)](const std::string& n) { return own(n) || temporary(n); };
     };
     const auto links_in = [&](const fs::path& dir, auto own, const char* what) {
       std::error_code ec;
@@ -239,10 +245,8 @@ class run_directory {
     links_in(tensorboard(), own_or_temporary([](const std::string& n) { return is_event_file(n); }),
              "TensorBoard events");
     links_in(samples(), own_or_temporary([](const std::string& n) { return is_sample_file(n); }), "a sample");
-    links_in(dir_, [](const std::string& n) {
-      const auto target = etude::detail::atomic_temporary_target(n);
-      return target && is_own_top_file(*target);
-    }, "a temporary of one of its records");
+    links_in(dir_, temporary_of([](const std::string& n) { return is_own_top_file(n); }),
+             "a temporary of one of its records");
   }
 
   void remove_file(const std::filesystem::path& p) {
@@ -307,12 +311,6 @@ class run_directory {
 
   void remove_stale_temporaries() {
     const std::size_t before = removed_.size();
-    auto temporary_of = [](auto own) {
-      return [own](const std::string& n) {
-        const auto target = etude::detail::atomic_temporary_target(n);
-        return target && own(*target);
-      };
-    };
     remove_matching(dir_, temporary_of([](const std::string& t) { return is_own_top_file(t); }));
     remove_matching(samples(), temporary_of([](const std::string& t) { return is_sample_file(t); }));
     remove_matching(checkpoints(), temporary_of([](const std::string& t) { return io::detail::is_checkpoint_file(t); }));

@@ -83,6 +83,17 @@ void check_conditions(const batch_view& b, const std::string& what) {
   }
 }
 
+// The words of Model's frame limit, for refusals: "with this pattern shape.max_len (1024) allows at
+// most 1023" (and the positions fuse::prepend takes, where it takes some).
+template <class Model>
+std::string max_frames_phrase() {
+  return "with this pattern shape.max_len (" + std::to_string(Model::shape.max_len) + ")" +
+         (Model::prefix > 0 ? " less the " + std::to_string(Model::prefix) +
+                                  " condition positions fuse::prepend puts in front"
+                            : std::string()) +
+         " allows at most " + std::to_string(Model::max_frames());
+}
+
 // Throws invalid_input when the batch cannot be trained on (training = true) or evaluated by a
 // model of type Model with accumulate<microbatches>.
 template <class Model>
@@ -102,12 +113,7 @@ void check_batch(const batch_view& b, bool training, int microbatches) {
                         std::to_string(microbatches) + "> microbatches: use a multiple of " +
                         std::to_string(microbatches));
   if (b.frames > Model::max_frames())
-    throw invalid_input(what + " has " + std::to_string(b.frames) + " frames; with this pattern shape.max_len (" +
-                        std::to_string(S.max_len) + ")" +
-                        (Model::prefix > 0 ? " less the " + std::to_string(Model::prefix) +
-                                                 " condition positions fuse::prepend puts in front"
-                                           : std::string()) +
-                        " allows at most " + std::to_string(Model::max_frames()) +
+    throw invalid_input(what + " has " + std::to_string(b.frames) + " frames; " + max_frames_phrase<Model>() +
                         ": crop the segments or raise max_len");
   for (index_t e = 0; e < b.batch; ++e)
     for (int k = 0; k < K; ++k)
