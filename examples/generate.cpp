@@ -29,6 +29,7 @@ struct options {
   std::string key, mode, vocabulary, soundfont;
   etude::generation_options gen;
   bool greedy = false;
+  bool ema = false;
   bool no_wav = false, no_png = false;
 };
 
@@ -39,6 +40,8 @@ options parse(int argc, char** argv) {
   auto* ckpt = app.add_option("--checkpoint", o.checkpoint, "a checkpoint file or a run's checkpoint directory");
   auto* w = app.add_option("--weights", o.weights, "a weights file written by etude::io::save_weights");
   ckpt->excludes(w);
+  auto* ema = app.add_flag("--ema", o.ema, "with --checkpoint: sample from the EMA of the weights the run kept (--ema-decay)");
+  ema->needs(ckpt);
   const auto most = std::numeric_limits<etude::index_t>::max();
   etude_cli::add_integer(app, "--frames", o.gen.frames, etude::index_t{1}, most, "frames per sample, the prompt included");
   etude_cli::add_number(app, "--seconds", o.gen.seconds, 0.0, true, "duration instead of --frames, with --frame-rate");
@@ -118,7 +121,8 @@ etude::condition_input condition_of(const options& o) {
 int main(int argc, char** argv) try {
   etude::run::prefer_short_openmp_spins(argv);  // run/threads.hpp: a shared machine
   const options o = parse(argc, argv);
-  auto gen = o.weights.empty() ? etude::io::generator_from_checkpoint<cfg>(o.checkpoint)
+  auto gen = o.weights.empty() ? etude::io::generator_from_checkpoint<cfg>(
+                                     o.checkpoint, o.ema ? etude::weight_set::ema : etude::weight_set::trained)
                                : etude::io::generator_from_weights<cfg>(o.weights);
   etude::token_batch prompt;
   if (!o.prompt.empty()) {

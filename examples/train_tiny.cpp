@@ -103,7 +103,7 @@ program_options parse(int argc, char** argv) {
 }
 
 // The samples of a finished chorale run: one per chosen key and mode, sampled with guidance from
-// the trained weights (on the CPU, whichever backend trained them), each written as tokens, MIDI,
+// the trained weights or their EMA (on the CPU, whichever backend trained them), each written as tokens, MIDI,
 // WAV and piano roll with its checks.
 template <class Trainer>
 json write_samples(const program_options& p, Trainer& trainer, const etude::run::options& o,
@@ -117,7 +117,9 @@ json write_samples(const program_options& p, Trainer& trainer, const etude::run:
     c.attributes = {vocab->find("key")->find(asked[i].first), vocab->find("mode")->find(asked[i].second)};
     conds.push_back(c);
   }
-  const auto weights = trainer.working_parameters();
+  // the EMA of the weights where the run keeps one (--ema-decay) and --ema-samples stands
+  const bool ema = o.ema_samples && trainer.has_ema();
+  const auto weights = ema ? trainer.ema_parameters() : trainer.working_parameters();
   etude::generator<lm, etude::backend::cpu> gen(std::span<const float>(weights.data(), weights.size()));
   etude::generation_options g;
   g.batch = o.samples;
@@ -129,6 +131,7 @@ json write_samples(const program_options& p, Trainer& trainer, const etude::run:
     const std::string name = std::to_string(i) + "-" + asked[i].first + "-" + asked[i].second;
     json r = etude_examples::write_chorale_sample(dir, name, tokens, i, {{"key", asked[i].first}, {"mode", asked[i].second}},
                                                   {.soundfont = p.soundfont, .wav = true, .png = true});
+    r["weights"] = ema ? "ema" : "trained";
     for (const auto& w : r["warnings"]) std::printf("sample %s: warning: %s\n", name.c_str(), w.get<std::string>().c_str());
     std::printf("sample %s: %s\n", name.c_str(), r["midi"].get<std::string>().c_str());
     out.push_back(std::move(r));

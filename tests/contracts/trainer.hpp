@@ -514,3 +514,147 @@ TEST_CASE("contract: evaluate refuses what step refuses: a fully padded batch, a
   CHECK_THAT(contract::non_finite_message([&] { bad.evaluate(batch); }),
              Catch::Contains("loss of codebook 1 is not finite"));
 }
+
+// ---- the EMA of the weights (hyper.ema_decay) ------------------------------------------------------
+
+namespace contract {
+inline etude::hyper ema_hyper(double decay, long every) {
+  etude::hyper h = contract_hyper();
+  h.ema_decay = decay;
+  h.ema_every = every;
+  return h;
+}
+template <class Trainer>
+std::vector<float> ema_of(const Trainer& t) { return widen(t.ema_parameters()); }
+}  // namespace contract
+
+// AudioCraft's unbiased EMA (count <- count·decay + 1, w = 1/count) over the updates u with
+// u % every == 0 is the closed form Σ decay^(n−j)·p_j / Σ decay^(n−j) over those updates' weights.
+TEST_CASE("contract: the EMA of the weights is AudioCraft's unbiased average, every ema_every updates", "[contract][ema]" ETUDE_CONTRACT_TAG) {
+  const double decay = 0.8;
+  contract::trainer_for<contract_adamw> t{contract::ema_hyper(decay, 2)};
+  REQUIRE(t.has_ema());
+  CHECK(t.ema_count() == 0.0);
+  CHECK(contract::same_bits(contract::ema_of(t), contract::params_of(t)));  // it starts as the weights
+  auto last = contract::ema_of(t);
+  std::vector<std::vector<double>> averaged;  // the weights after each EMA update
+  for (std::uint64_t s = 0; s < 6; ++s) {
+    t.step(contract::random_batch(4, 12, 60 + s));
+    if ((s + 1) % 2 != 0) {
+      CHECK(contract::same_bits(contract::ema_of(t), last));  // between two EMA updates nothing moves
+      continue;
+    }
+    last = contract::ema_of(t);
+    averaged.push_back(contract::exact_params(t));
+    if (averaged.size() == 1) CHECK(contract::same_bits(contract::ema_of(t), contract::params_of(t)));  // a copy
+  }
+  const std::size_t n = averaged.size();
+  double count = 0, den = 0;
+  for (std::size_t j = 0; j < n; ++j) count = count * decay + 1;
+  CHECK(t.ema_count() == count);
+  std::vector<double> want(averaged[0].size(), 0.0);
+  double scale = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const double d = std::pow(decay, static_cast<double>(n - 1 - j));
+    den += d;
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] += d * averaged[j][i];
+  }
+  for (auto& v : want) {
+    v /= den;
+    scale = std::max(scale, std::fabs(v));
+  }
+  contract::check_update<contract_adamw>(contract::exact(t.ema_parameters()), want, scale, "the EMA after 3 updates");
+  // not the weights themselves: the average lags them
+  CHECK_FALSE(contract::same_bits(contract::ema_of(t), contract::params_of(t)));
+}
+
+TEST_CASE("contract: a skipped fp16 step moves no EMA; ema_decay out of its domain is refused", "[contract][ema]" ETUDE_CONTRACT_TAG) {
+  contract::trainer_for<contract_fp16> t{contract::ema_hyper(0.9, 1)};
+  const auto before = contract::ema_of(t);
+  t.set_loss_scale(std::ldexp(1.0, 100));  // every fp16 gradient overflows
+  REQUIRE(t.step(contract::random_batch(4, 12, 70)).skipped);
+  CHECK(contract::same_bits(contract::ema_of(t), before));
+  CHECK(t.ema_count() == 0.0);
+  t.set_loss_scale(1024.0, 0, t.skipped_steps());
+  REQUIRE_FALSE(t.step(contract::random_batch(4, 12, 71)).skipped);
+  CHECK(t.ema_count() == 1.0);
+  CHECK(contract::same_bits(contract::ema_of(t), contract::params_of(t)));  // the first update copies the master
+
+  CHECK_THROWS_WITH(contract::trainer_for<contract_adamw>{contract::ema_hyper(1.0, 1)},
+                    Catch::Contains("ema_decay must be in [0, 1)"));
+  CHECK_THROWS_WITH(contract::trainer_for<contract_adamw>{contract::ema_hyper(0.9, 0)},
+                    Catch::Contains("ema_every must be >= 1"));
+  contract::trainer_for<contract_adamw> none{contract::contract_hyper()};
+  CHECK_FALSE(none.has_ema());
+  CHECK(none.ema_parameters().empty());
+  CHECK_THROWS_WITH(none.evaluate(contract::random_batch(4, 12, 72), etude::weight_set::ema),
+                    Catch::Contains("needs an EMA of the weights"));
+}
+
+// Evaluating the EMA reads the average as the passes read weights (rounded to fp16 under the fp16
+// policy) and leaves the trained weights' next pass untouched.
+template <class Config>
+void check_ema_evaluation() {
+  const auto h = contract::ema_hyper(0.7, 1);
+  contract::trainer_for<Config> t{h}, twin{h};
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    t.step(contract::random_batch(4, 12, 80 + s));
+    twin.step(contract::random_batch(4, 12, 80 + s));
+  }
+  const auto batch = contract::random_batch(6, 20, 84);
+  const etude::eval_stats trained = t.evaluate(batch);
+  const etude::eval_stats ema = t.evaluate(batch, etude::weight_set::ema);
+  CHECK(ema.ce != trained.ce);
+  // a trainer whose weights are the EMA evaluates the same, bit for bit
+  contract::trainer_for<Config> holder{contract::contract_hyper()};
+  const auto e = t.ema_parameters();
+  auto w = holder.parameters_for_write();
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<typename contract::trainer_for<Config>::value_type>(e[i]);
+  CHECK(holder.evaluate(batch).ce == ema.ce);
+  // and nothing of it stays: the trained weights evaluate and step as the twin's, which never read the EMA
+  CHECK(t.evaluate(batch).ce == trained.ce);
+  const auto next = contract::random_batch(4, 12, 85);
+  CHECK(t.step(next).ce == twin.step(next).ce);
+  CHECK(contract::snapshot(t) == contract::snapshot(twin));
+  CHECK(contract::same_bits(contract::ema_of(t), contract::ema_of(twin)));
+}
+
+TEST_CASE("contract: evaluating the EMA equals a trainer holding it as weights, and changes no trajectory", "[contract][ema]" ETUDE_CONTRACT_TAG) {
+  SECTION("fp32") { check_ema_evaluation<contract_adamw>(); }
+  SECTION("fp16 with an fp32 master") { check_ema_evaluation<contract_fp16>(); }
+}
+
+TEST_CASE("contract: the EMA is saved and restored with the run, and a resumed run averages on bit for bit", "[contract][ema]" ETUDE_CONTRACT_TAG) {
+  namespace fs = std::filesystem;
+  const auto h = contract::ema_hyper(0.9, 1);
+  const fs::path dir = fs::temp_directory_path() / ("etude-contract-ema-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  contract::trainer_for<contract_adamw> straight{h};
+  for (std::uint64_t s = 0; s < 2; ++s) straight.step(contract::random_batch(4, 12, 90 + s));
+  {
+    etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+    m.save(straight, {});
+  }
+  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+  const auto latest = m.latest();
+  REQUIRE(latest);
+  contract::trainer_for<contract_adamw> resumed{h};
+  etude::io::restore(resumed, *latest);
+  CHECK(resumed.ema_count() == straight.ema_count());
+  CHECK(contract::same_bits(contract::ema_of(resumed), contract::ema_of(straight)));
+  for (std::uint64_t s = 2; s < 4; ++s) {
+    const auto b = contract::random_batch(4, 12, 90 + s);
+    CHECK(resumed.step(b).ce == straight.step(b).ce);
+  }
+  CHECK(contract::snapshot(resumed) == contract::snapshot(straight));
+  CHECK(contract::same_bits(contract::ema_of(resumed), contract::ema_of(straight)));
+  CHECK(resumed.ema_count() == straight.ema_count());
+  // a run without an EMA is another run: refused by name
+  contract::trainer_for<contract_adamw> plain{contract::contract_hyper()};
+  CHECK_THROWS_WITH(etude::io::restore(plain, *latest), Catch::Contains("hyper.ema_decay"));
+  // the EMA's weights as a weights file: what a generator or a fine-tune loads
+  etude::io::save_weights(straight, dir / "ema.safetensors", etude::weight_set::ema);
+  etude::io::load_weights(plain, dir / "ema.safetensors");
+  CHECK(contract::same_bits(contract::params_of(plain), contract::ema_of(straight)));
+  fs::remove_all(dir);
+}

@@ -1,7 +1,8 @@
 // The EMA of the weights (ops/ema.hpp), written once for every backend (ETUDE_OPS_CATEGORY): five
 // updates with AudioCraft's unbiased weights (count ← count·decay + 1, w = 1/count) against the
 // closed form Σ decay^(T−s)·p_s / Σ decay^(T−s) in double; the first update copying the weights
-// exactly; and the skip flag leaving the averages bit for bit as they were.
+// exactly; and the skip flag, or a weight of 0 (a step between two EMA updates), leaving the averages
+// bit for bit as they were.
 #include ETUDE_OPS_CATEGORY
 
 #include <catch2/catch.hpp>
@@ -15,7 +16,7 @@
 
 using namespace etude::test::ops;
 
-TEST_CASE(TEST_BACKEND_NAME ": EMA of the weights against its closed form, the first update a copy, and the skip flag",
+TEST_CASE(TEST_BACKEND_NAME ": EMA of the weights against its closed form, the first update a copy, skip and weight 0",
           "[ops][ema]") {
   const std::size_t n = 100003;  // several blocks and a ragged end
   const double decay = 0.9;
@@ -46,4 +47,6 @@ TEST_CASE(TEST_BACKEND_NAME ": EMA of the weights against its closed form, the f
   const vec before = e;
   TEST_BACKEND::ema(e, weights[0], 0.5, 1);
   check_equal(e, before, "a skipped EMA update");
+  TEST_BACKEND::ema(e, weights[1], 0.0, 0);
+  check_equal(e, before, "an EMA update of weight 0");
 }

@@ -4,11 +4,13 @@
 // hook's record); stop_after and a preempting signal (raised from a hook, between steps) each
 // stop it with a checkpoint, and the run resumed from there ends with the same weights, bit for
 // bit, and the same final records as one that ran straight through; options the configuration
-// cannot take are refused before anything is written.
+// cannot take are refused before anything is written; with ema_decay the EMA is validated beside
+// the weights, saved in checkpoints and resumed bit for bit.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -241,4 +243,60 @@ TEST_CASE("a session refuses options its configuration cannot take before it wri
   const auto budget = etude::run::host_memory_budget();
   CHECK(budget.known);
   CHECK(budget.bytes > 0);
+}
+
+TEST_CASE("with ema_decay a session validates the EMA beside the weights, checkpoints it, and resumes it bit for bit", "[run][ema]") {
+  const fs::path straight = fresh_dir("ema_straight"), stopped = fresh_dir("ema_stopped");
+  auto with_ema = [](const fs::path& dir) {
+    auto o = options_for(dir);
+    o.hyperparameters.ema_decay = 0.8;
+    return o;
+  };
+  auto final_ema = [&](const fs::path& dir) {
+    etude::run::session<trainer_t> s(with_ema(dir), data(), hooks_for());
+    const auto r = s.run();
+    CHECK(r.status == etude::run::run_status::finished);
+    REQUIRE(s.trainer().has_ema());
+    const auto e = s.trainer().ema_parameters();
+    return std::vector<float>(e.begin(), e.end());
+  };
+  const auto want = final_ema(straight);
+  {
+    auto o = with_ema(stopped);
+    o.stop_after = 6;
+    etude::run::session<trainer_t> s(o, data(), hooks_for());
+    CHECK(s.run().step == 6);
+  }
+  CHECK(final_ema(stopped) == want);
+  CHECK(metrics_without_time(stopped / "metrics.jsonl") == metrics_without_time(straight / "metrics.jsonl"));
+
+  int valid = 0;
+  for (const auto& j : metrics_without_time(straight / "metrics.jsonl"))
+    if (j["split"] == "valid") {
+      ++valid;
+      REQUIRE(j.contains("ema_ce"));
+      CHECK(j["ema_ce"].get<double>() != j["ce"].get<double>());
+      CHECK(std::exp(j["ema_ce"].get<double>()) == Approx(j["ema_ppl"].get<double>()));
+    }
+  CHECK(valid == 4);
+  const json rec = read_json(straight / "run.json");
+  CHECK(rec["options"]["ema_decay"] == 0.8);
+  CHECK(rec["configuration"]["hyper"]["ema_decay"] == 0.8);
+  CHECK(rec["summary"]["valid_ema"]["ce"].is_number());
+  // the checkpoint holds the average under ema.<name>, and its count
+  const etude::io::checkpoint_file c(straight / "checkpoints" / etude::io::detail::checkpoint_name(16));
+  CHECK(c.state()["ema"]["count"].get<double>() == Approx((1 - std::pow(0.8, 16)) / (1 - 0.8)));
+  using params = trainer_t::params;
+  const auto& head = params::at(etude::param_kind::head, -1, 2);
+  const auto saved = c.tensors().as<float>("ema." + etude::param_name(head));
+  CHECK(std::vector<float>(saved.begin(), saved.end()) ==
+        std::vector<float>(want.begin() + head.offset, want.begin() + head.offset + head.numel()));
+
+  // a decay of 1 would never move: refused before anything is written
+  const fs::path refused = fresh_dir("ema_refused");
+  auto o = with_ema(refused);
+  o.hyperparameters.ema_decay = 1.0;
+  etude::run::session<trainer_t> s(o, data(), hooks_for());
+  CHECK_THROWS_WITH(s.run(), Catch::Contains("ema_decay: 1 would never move the average"));
+  CHECK(!fs::exists(refused));
 }

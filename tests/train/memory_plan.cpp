@@ -93,7 +93,7 @@ struct measured {
 
 // Builds the batch and the trainer inside the measured window, takes two steps, returns the peak.
 template <class Config>
-measured measure(etude::index_t microbatch, etude::index_t frames) {
+measured measure(etude::index_t microbatch, etude::index_t frames, bool ema) {
   using lm = typename Config::model;
   constexpr auto S = lm::shape;
   const etude::data::synthetic_tokens corpus{{.codebooks = S.codebooks, .card = S.card, .states = 8, .seed = 3}};
@@ -112,6 +112,7 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
   };
   etude::hyper h;
   h.total_steps = 10;
+  h.ema_decay = ema ? 0.99 : 0.0;
   {
     // oneDNN's primitives for float and bf16 products (backend/cpu/kernels/dnnl_gemm.hpp), with
     // each thread's memory objects and scratch buffer, are made once per process and shape and
@@ -130,18 +131,19 @@ measured measure(etude::index_t microbatch, etude::index_t frames) {
     t.step(b);
     m.peak = high.load() - base;
     m.reported = t.memory().peak_allocated;
-    m.plan = etude::cpu_trainer<Config>::plan(microbatch, frames);
+    m.plan = etude::cpu_trainer<Config>::plan(microbatch, frames, 1, false, ema);
   }
   return m;
 }
 
 template <class Config>
-void check(etude::index_t microbatch, etude::index_t frames) {
-  const measured m = measure<Config>(microbatch, frames);
+void check(etude::index_t microbatch, etude::index_t frames, bool ema = false) {
+  const measured m = measure<Config>(microbatch, frames, ema);
   const double ratio = static_cast<double>(m.peak) / static_cast<double>(m.plan.total());
   std::printf("  %-58s b %lld T %4lld: plan %9lld measured %9lld (%.4f)\n",
               (etude::precision::name_of<typename Config::precision>() + ", " +
-               ck::describe<typename Config::checkpointing>() + ", dim " + std::to_string(Config::model::shape.dim))
+               ck::describe<typename Config::checkpointing>() + ", dim " + std::to_string(Config::model::shape.dim) +
+               (ema ? ", EMA" : ""))
                   .c_str(),
               static_cast<long long>(microbatch), static_cast<long long>(frames),
               static_cast<long long>(m.plan.total()), m.peak, ratio);
@@ -175,6 +177,14 @@ TEST_CASE("the arena's measured peak agrees with the memory plan within 2%", "[m
       check<etude::train_config<lm_wider, pr::bf16, ck::every_nth<2>, etude::optim::sgd<true>>>(b, frames);
     }
   check<etude::train_config<lm_flat, pr::bf16, ck::none>>(2, 40);
+  // an EMA of the weights: 4 bytes a parameter more, planned and measured
+  check<etude::train_config<lm_wider, pr::fp32, ck::none>>(2, 32, true);
+  check<etude::train_config<lm_wider, pr::bf16, ck::selective>>(2, 32, true);
+  using with_ema = etude::train_config<lm_wider, pr::bf16, ck::selective>;
+  constexpr etude::index_t P = lm_wider::params::total_elements;
+  CHECK(etude::plan_memory<with_ema, etude::backend::cpu>(2, 32, {.ema = true}).ema == 4 * P);
+  CHECK(etude::plan_memory<with_ema, etude::backend::cpu>(2, 32, {.ema = true}).total() -
+            etude::plan_memory<with_ema, etude::backend::cpu>(2, 32).total() == 4 * P);
   for (etude::index_t b : {1, 4}) {
     check<etude::train_config<lm_cross, pr::fp32, ck::selective>>(b, 64);
     check<etude::train_config<lm_prepend, pr::fp32, etude::accumulate<2>>>(b, 64);

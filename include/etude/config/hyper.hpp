@@ -31,6 +31,12 @@ struct hyper {
   double condition_dropout = 0.0;  // AudioCraft's MusicGen trains with 0.3 (per_batch)
   dropout_mode condition_dropout_mode = dropout_mode::per_sample;
   double attribute_dropout = 0.0;
+  // an exponential moving average of the weights in fp32 (train/trainer.hpp's ema_parameters()),
+  // AudioCraft's with its unbiased warm-up: after every ema_every-th applied update,
+  // count <- count * ema_decay + 1 and ema <- ema + (weights - ema) / count, so the first update
+  // copies the weights. 0: none (no memory spent). AudioCraft's MusicGen uses 0.99 every update.
+  double ema_decay = 0.0;
+  long ema_every = 1;
 };
 
 }  // namespace etude

@@ -1,7 +1,8 @@
 // Host-side sources of a generator: a weights file (save_weights' safetensors) or a resumable
 // checkpoint (a ckpt-<step>.safetensors file, or a run's checkpoint directory, whose newest
 // checkpoint that verifies is taken). Both load into a CPU trainer of the configuration, the
-// weights the passes read are taken from it, and a CPU generator is built on them. A checkpoint
+// weights the passes read are taken from it, and a CPU generator is built on them. From a
+// checkpoint, weight_set::ema takes the EMA of the weights the run kept (hyper.ema_decay > 0). A checkpoint
 // must have been written by the same configuration (model, precision, policies: a difference is
 // named); its hyperparameters, optimiser state and data do not matter for sampling and are not
 // checked. Reading changes nothing on disk (unlike checkpoint_manager::resume, which sets
@@ -50,7 +51,7 @@ inline std::vector<std::filesystem::path> checkpoints_newest_first(const std::fi
 }
 
 template <class Config>
-cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file) {
+cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file, weight_set from) {
   using params = typename Config::model::params;
   trainer<Config, backend::cpu> t;
   const checkpoint_file c(file);
@@ -62,9 +63,13 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
     for (const auto& d : diff) msg += "\n  " + d;
     throw checkpoint_mismatch(msg);
   }
+  const bool ema = from == weight_set::ema;
+  if (ema && !c.state().value("ema", json(nullptr)).is_object())
+    throw checkpoint_error(file.string() + ": this checkpoint keeps no EMA of the weights (its run had ema_decay 0); "
+                                           "generate from its trained weights");
   auto master = t.parameters_for_write();
   for (const param_desc& d : params::entries) {
-    const std::string key = "model." + param_name(d);
+    const std::string key = (ema ? "ema." : "model.") + param_name(d);
     if (!c.tensors().contains(key)) throw checkpoint_error(file.string() + ": tensor " + key + " is missing");
     const auto values = c.tensors().template as<float>(key);
     if (values.size() != static_cast<std::size_t>(d.numel()))
@@ -80,8 +85,8 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
 // and matches; the reasons of every one refused are named when none does), or a run directory
 // (its checkpoints/).
 template <class Config>
-cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& given) {
-  if (!std::filesystem::is_directory(given)) return detail::generator_from_checkpoint_file<Config>(given);
+cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& given, weight_set from = weight_set::trained) {
+  if (!std::filesystem::is_directory(given)) return detail::generator_from_checkpoint_file<Config>(given, from);
   std::filesystem::path path = given;
   if (detail::checkpoints_newest_first(path).empty() && std::filesystem::is_directory(given / "checkpoints"))
     path = given / "checkpoints";
@@ -92,7 +97,7 @@ cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& giv
   std::string reasons;
   for (const auto& f : files) {
     try {
-      return detail::generator_from_checkpoint_file<Config>(f);
+      return detail::generator_from_checkpoint_file<Config>(f, from);
     } catch (const checkpoint_mismatch&) {
       throw;  // another configuration: a different run, not a damaged file
     } catch (const error& e) {

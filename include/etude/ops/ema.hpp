@@ -5,7 +5,8 @@
 //       e ← (1 − w)·e + w·p over n values, in float, AudioCraft's form: e holds fp32 averages, p
 //       the master weights (widened to float); w = sc->weight and 1 − w (formed in double) are each
 //       rounded to float once. w = 1 copies p exactly (the first update: 0·e + p). Nothing changes
-//       when *skip ≠ 0: a step whose update was skipped moves no average.
+//       when *skip ≠ 0 (a step whose update was skipped moves no average) or when w = 0 (a step
+//       between two of the EMA's updates, hyper.ema_every > 1).
 //   sc and skip are where the backend runs (device memory on CUDA), as the updates' scalars.
 #pragma once
 

@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "etude/core/types.hpp"
+#include "etude/ops/ema.hpp"
 
 // Functions both a host and a CUDA kernel call (step_control's decision).
 #ifndef ETUDE_HOST_DEVICE
@@ -84,6 +85,7 @@ struct step_scalars {
   step_limits limits;
   F weight[N];                      // loss weight of (microbatch m, codebook k) at m·K + k
   F zero_weight;                    // 0: forward-only losses (evaluation)
+  ops::ema_scalars ema;             // the EMA's weight for this step's update (0: none this step)
 };
 
 // What a step leaves for the host to read after it.

@@ -102,14 +102,14 @@ class unigram_counts {
   std::vector<std::vector<double>> counts_;
 };
 
-// Token-weighted cross-entropy over all of v's batches.
+// Token-weighted cross-entropy over all of v's batches, of the trained weights or their EMA.
 template <class Trainer>
-eval_stats validate(Trainer& trainer, const validation_set& v) {
+eval_stats validate(Trainer& trainer, const validation_set& v, weight_set from = weight_set::trained) {
   constexpr int K = Trainer::K;
   std::vector<double> sums(K, 0.0);
   std::vector<index_t> counts(K, 0);
   for (const auto& b : v.batches) {
-    const auto s = trainer.evaluate(b);
+    const auto s = trainer.evaluate(b, from);
     for (std::size_t k = 0; k < sums.size(); ++k) {
       sums[k] += s.ce_q[k] * static_cast<double>(s.tokens_q[k]);
       counts[k] += s.tokens_q[k];

@@ -65,6 +65,7 @@ struct options {
   int samples = 0;             // how many; what they are is the program's (hooks::samples)
   index_t sample_frames = 128;
   double cfg_coef = 3.0;       // classifier-free guidance (1: none)
+  bool ema_samples = true;     // with hyperparameters.ema_decay > 0: from the EMA of the weights
   // --- hyperparameters --------------------------------------------------------------------------
   // total_steps and seed are taken from steps and seed; warmup_steps < 0: a twentieth of the steps
   etude::hyper hyperparameters = [] {
@@ -300,6 +301,11 @@ void visit_fields(Options& o_in, Visit&& v) {
                        "per_sample (a coin per example) or per_batch (AudioCraft's: one coin per batch)"});
   v(number_field{"attribute_dropout", h.attribute_dropout, 0.0, false, 1.0,
                  "probability that each attribute of each example is dropped on its own"});
+  v(number_field{"ema_decay", h.ema_decay, 0.0, false, 1.0,
+                 "keep an fp32 EMA of the weights with this decay (below 1; AudioCraft's MusicGen: 0.99), "
+                 "validated beside the weights (ema_ce) and saved in checkpoints; 0: none"});
+  v(integer_field<long>{"ema_every", h.ema_every, 1L, most, "with ema_decay: update the EMA every N optimiser updates"});
+  v(flag_field{"ema_samples", o.ema_samples, "with ema_decay: generate the samples from the EMA of the weights"});
 }
 
 namespace detail {
@@ -407,6 +413,9 @@ inline void options::check(int microbatches, int world_size) const {
     throw invalid_argument("batch: " + std::to_string(batch) + " examples cannot be split into " +
                            std::to_string(world_size) + " ranks of " + std::to_string(microbatches) +
                            " equal microbatches; use a multiple of " + std::to_string(world_size * microbatches));
+  if (hyperparameters.ema_decay >= 1.0)
+    throw invalid_argument("ema_decay: " + detail::as_text(hyperparameters.ema_decay) +
+                           " would never move the average; use a decay below 1 (0.99, 0.999), or 0 for no EMA");
   (void)trace_range();
 }
 

@@ -120,6 +120,13 @@ class delayed_host_allocator final : public data::host_allocator {
   data::heap_host_allocator heap_;
 };
 
+inline std::string ema_text(const std::optional<eval_stats>& ema) {
+  if (!ema) return {};
+  char part[40];
+  std::snprintf(part, sizeof part, ", ema ce %.3f", ema->ce);
+  return part;
+}
+
 inline std::string per_codebook(const std::vector<double>& ce) {
   std::string s;
   for (std::size_t k = 0; k < ce.size(); ++k) {
@@ -360,7 +367,9 @@ void session<Trainer>::check_memory() const {
   const memory_budget b = budget();
   if (!b.known) return;
   const index_t per_rank = o_.batch / w_.size, micro = per_rank / Trainer::microbatches;
-  auto plan_at = [&](index_t n) { return Trainer::plan(n, o_.frames, w_.size, o_.zero1); };
+  auto plan_at = [&](index_t n) {
+    return Trainer::plan(n, o_.frames, w_.size, o_.zero1, o_.hyperparameters.ema_decay > 0.0);
+  };
   const memory_plan plan = plan_at(micro);
   if (plan.total() <= b.bytes) return;
   const auto mib = [](index_t n) { return static_cast<double>(n) / 1048576.0; };
@@ -501,8 +510,11 @@ result session<Trainer>::run() {
               static_cast<long long>(o_.batch), static_cast<long long>(o_.frames), Trainer::microbatches, o_.hyperparameters.lr,
               o_.steps, backend::cpu::threads(), o_.run_dir.string().c_str());
   eval_stats last_valid = validate(trainer, valid_);
-  std::printf("valid at step %ld: ce %.3f | unigram baseline %.3f |%s\n", trainer.steps_done(), last_valid.ce,
-              valid_.unigram, detail::per_codebook(valid_.unigram_ce).c_str());
+  // with an EMA of the weights, the EMA is validated beside them (ema_ce)
+  std::optional<eval_stats> last_ema;
+  if (trainer.has_ema()) last_ema = validate(trainer, valid_, weight_set::ema);
+  std::printf("valid at step %ld: ce %.3f%s | unigram baseline %.3f |%s\n", trainer.steps_done(), last_valid.ce,
+              detail::ema_text(last_ema).c_str(), valid_.unigram, detail::per_codebook(valid_.unigram_ce).c_str());
   // the drill's NaN after that validation, so that the first training step meets it
   if (!o_.plant_nan.empty()) detail::plant_nan(trainer, o_.plant_nan);
 
@@ -621,10 +633,12 @@ result session<Trainer>::run() {
                   sec / static_cast<double>(done_here) * static_cast<double>(o_.steps - st.step));
     if (st.step % o_.valid_every == 0 || st.step == o_.steps) {
       last_valid = validate(trainer, valid_);
-      std::printf("valid at step %ld: ce %.3f (unigram baseline %.3f) |%s\n", st.step, last_valid.ce, valid_.unigram,
-                  detail::per_codebook(last_valid.ce_q).c_str());
+      if (last_ema) last_ema = validate(trainer, valid_, weight_set::ema);
+      std::printf("valid at step %ld: ce %.3f%s (unigram baseline %.3f) |%s\n", st.step, last_valid.ce,
+                  detail::ema_text(last_ema).c_str(), valid_.unigram, detail::per_codebook(last_valid.ce_q).c_str());
       std::map<std::string, double> own;
       if (hooks_.validation_metrics) own = hooks_.validation_metrics(trainer);
+      if (last_ema) own.insert({{"ema_ce", last_ema->ce}, {"ema_ppl", last_ema->ppl}});
       if (metrics) {
         track::metrics_record line{.step = st.step,
                                    .scalars = {{"ce", last_valid.ce}, {"ppl", last_valid.ppl}, {"unigram_ce", valid_.unigram}},
@@ -673,9 +687,9 @@ result session<Trainer>::run() {
     board->close();
     if (hooks_.samples && o_.samples > 0)
       parts_.samples = hooks_.samples(trainer, o_, vocab_ ? &*vocab_ : nullptr, held_->samples());
-    write_record(run_status::finished, summary_of({{"step", trainer.steps_done()},
-                                                   {"valid", stats_json(last_valid)},
-                                                   {"unigram_ce", valid_.unigram}}));
+    json summary{{"step", trainer.steps_done()}, {"valid", stats_json(last_valid)}, {"unigram_ce", valid_.unigram}};
+    if (last_ema) summary["valid_ema"] = stats_json(*last_ema);
+    write_record(run_status::finished, summary_of(std::move(summary)));
     std::printf("done: valid ce %.3f vs unigram baseline %.3f (%s); run record in %s\n", last_valid.ce, valid_.unigram,
                 r.learned() ? "below" : "NOT below", held_->record().string().c_str());
   }

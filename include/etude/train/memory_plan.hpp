@@ -31,6 +31,7 @@ struct memory_plan {
   index_t master = 0;            // fp32 master weights of mixed policies
   index_t gradients = 0;         // parameter gradients (grad_t), and a microbatch's own when accumulating
   index_t optimizer_states = 0;  // moments (state_t); under ZeRO-1 this rank's shard
+  index_t ema = 0;               // the EMA of the weights in fp32 (hyper.ema_decay > 0)
   index_t activations = 0;       // saved for backward under the checkpoint policy
   index_t inputs = 0;            // the batch as handed over (all microbatches: tokens + masks),
                                  // the microbatch's pattern sequences + targets, pattern tables
@@ -46,11 +47,11 @@ struct memory_plan {
   index_t accumulation = 1;      // microbatches per optimiser step
 
   constexpr index_t total() const {
-    return parameters + master + gradients + optimizer_states + activations + inputs + temporaries + communication +
-           reserve;
+    return parameters + master + gradients + optimizer_states + ema + activations + inputs + temporaries +
+           communication + reserve;
   }
   // Bytes that stay whatever the batch: the training state.
-  constexpr index_t state() const { return parameters + master + gradients + optimizer_states + communication; }
+  constexpr index_t state() const { return parameters + master + gradients + optimizer_states + ema + communication; }
 
   // A printable table, one component per line, in MiB and as a share of the total.
   std::string table() const {
@@ -70,6 +71,7 @@ struct memory_plan {
     row("master weights", master);
     row("gradients", gradients);
     row("optimizer states", optimizer_states);
+    if (ema > 0) row("EMA weights", ema);
     row("activations", activations);
     row("inputs", inputs);
     row("temporaries", temporaries);
@@ -85,6 +87,7 @@ struct plan_options {
                        // passes the backend's thread count; a GPU backend ignores it)
   int world_size = 1;  // data-parallel ranks (communication buffers)
   bool zero1 = false;  // the optimiser's state sharded over the ranks
+  bool ema = false;    // an EMA of the weights (hyper.ema_decay > 0)
 };
 
 // The trainer's step workspace: one arena per microbatch of `nb` examples and `steps` pattern
@@ -161,6 +164,7 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   // rank 0's shard is the largest
   const partition shards{P, options.zero1 ? options.world_size : 1};
   p.optimizer_states = Config::optimizer::state_tensors * shards.size(0) * size(typename policy::state_t{});
+  p.ema = options.ema ? P * size(float{}) : 0;
   p.activations = ws.saved + ws.cond_saved;
   // the batch as the loader hands it over (tokens + padding mask), the microbatch's pattern
   // sequences and targets, and the pattern's source/target tables

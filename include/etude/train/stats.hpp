@@ -8,6 +8,9 @@
 
 namespace etude {
 
+// Which weights an evaluation reads: the trained ones, or their EMA (hyper.ema_decay > 0).
+enum class weight_set : unsigned char { trained, ema };
+
 struct eval_stats {
   double ce = 0.0;                 // mean over codebooks of each codebook's cross-entropy (nats)
   double ppl = 0.0;                // exp(ce)

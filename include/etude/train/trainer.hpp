@@ -86,7 +86,8 @@ class trainer {
   // The memory plan of this trainer for microbatches of b examples of `frames` frames, with the
   // thread count the backend runs with now, on one of world_size data-parallel ranks (zero1: with
   // the optimiser's state sharded).
-  static memory_plan plan(index_t b, index_t frames, int world_size = 1, bool zero1 = false);
+  // With ema: the EMA's fp32 copy of the weights too (hyper.ema_decay > 0).
+  static memory_plan plan(index_t b, index_t frames, int world_size = 1, bool zero1 = false, bool ema = false);
 
   // ---- data parallelism (train/communicator.hpp) -------------------------------------------------
   // Makes this trainer one rank of dp.comm's world: every rank calls it once, before its first
@@ -145,7 +146,9 @@ class trainer {
   // Validation: forward and loss only, in chunks of the microbatch size. Touches no parameter,
   // gradient or optimiser state. Refuses what step() refuses: a batch check_batch refuses, a
   // codebook without a valid target (invalid_input), a loss that is not finite (non_finite).
-  eval_stats evaluate(const batch_view& batch);
+  // weight_set::ema evaluates the EMA of the weights instead (rounded to the passes' dtype as the
+  // weights are), which needs hyper.ema_decay > 0 (else invalid_argument).
+  eval_stats evaluate(const batch_view& batch, weight_set from = weight_set::trained);
 
   // Stages the next batch while the current step runs, where the backend can (CUDA: laid out into
   // a pinned slot and copied on a second stream); the next step() or loss_and_gradients() whose
@@ -173,6 +176,21 @@ class trainer {
   // The weights as the passes read them (the rounded working copy under mixed policies).
   std::span<const param_type> working_parameters();
   long steps_done() const { return step_; }
+
+  // ---- the EMA of the weights (hyper.ema_decay > 0; config/hyper.hpp) ----------------------------
+  // An fp32 average of the (master) weights, flat in parameter-table order, updated inside the step
+  // after every hyper.ema_every-th applied update (a skipped or refused update moves it not), with
+  // AudioCraft's unbiased warm-up: count <- count·decay + 1, ema <- (1 − 1/count)·ema + weights/count.
+  // It starts as the initial weights with count 0 (so the first update copies the weights), and so
+  // after restore() and distribute(); restore_ema puts a saved average back. Without EMA the span
+  // is empty and no memory is spent.
+  bool has_ema() const { return hyper_.ema_decay > 0.0; }
+  std::span<const float> ema_parameters() const { return ema_.host(exec_); }
+  std::span<const float> ema_tensor(const param_desc& p) const { return ema_parameters().subspan(p.offset, p.numel()); }
+  double ema_count() const { return ema_count_; }
+  // A saved average and its count (a checkpoint's). Checks the size and the count first and
+  // changes nothing when one is wrong.
+  void restore_ema(double count, std::span<const float> values);
 
   // Loss scaling: the current scale (1 without), steps skipped so far, good steps since the last
   // change of scale. Saved with checkpoints; set_loss_scale restores them (or forces a scale).
@@ -205,6 +223,7 @@ class trainer {
   using results_t = step_results<N>;
   using control_t = typename executor::template control<scalars_t, results_t>;
 
+  double next_ema_count() const { return ema_count_ * hyper_.ema_decay + 1.0; }
   static int check_slot(int i) {
     if (i < 0 || i >= optimizer_state_count)
       throw invalid_argument("trainer::optimizer_state: slot " + std::to_string(i) + " of " +
@@ -228,6 +247,11 @@ class trainer {
     else return master_.device();
   }
   void prepare_state();
+  // The EMA as the passes read it: the average itself where param_type is float, else rounded into
+  // the working copy (refreshed from the master before the next pass) or a buffer of its own.
+  const param_type* ema_weights(const char* who);
+  // The average set to the weights, count 0.
+  void reset_ema();
   const pattern_plan& plan_for(index_t frames);
   static int threads() {
     if constexpr (requires { Backend::threads(); }) return Backend::threads();
@@ -288,6 +312,10 @@ class trainer {
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
   detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
+  detail::mirrored<executor, float> ema_;               // hyper.ema_decay > 0: the EMA of the weights
+  double ema_count_ = 0.0;                              // AudioCraft's unbiased count
+  // the EMA rounded to param_type, where param_type is neither float nor a working copy's (fp64)
+  typename executor::template buffer<param_type> ema_rounded_;
   using wire_type = typename policy::comm_t;
   static constexpr bool compressed = !std::is_same_v<wire_type, grad_type>;
   // data parallelism with a communication dtype of the policy's own (bf16, fp16): the gradients as
@@ -338,15 +366,17 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
   // equal N ranks bit for bit (train/communicator.hpp)
   if constexpr (microbatches > 1) micro_grads_.allocate(exec_, P);
   for (auto& s : states_) s.allocate(exec_, P);
+  if (has_ema()) ema_.allocate(exec_, P);
   scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
   detail::initialise_parameters<params>(master_.host_mutable(exec_).data(), h.seed);
+  reset_ema();
   prepare_state();
   note_memory(0);
 }
 
 template <class Config, class Backend>
-memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_size, bool zero1) {
-  return plan_memory<Config, Backend>(b, frames, {threads(), world_size, zero1});
+memory_plan trainer<Config, Backend>::plan(index_t b, index_t frames, int world_size, bool zero1, bool ema) {
+  return plan_memory<Config, Backend>(b, frames, {threads(), world_size, zero1, ema});
 }
 
 template <class Config, class Backend>
@@ -381,6 +411,7 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
   std::span<value_type> w = master_.host_mutable(exec_);
   dp.comm->broadcast_host(w.data(), w.size_bytes(), 0, "initial parameters");
   working_stale_ = true;
+  reset_ema();
   dp_ = dp;
   if (dp.zero1) {
     const partition sh = shards();
@@ -462,6 +493,10 @@ step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_obs
   master_.device_changed();
   for (auto& s : states_) s.device_changed();
   working_stale_ = false;  // the update wrote every weight of the working copy
+  if (has_ema() && step_ % hyper_.ema_every == 0) {
+    ema_count_ = next_ema_count();  // the step's EMA update took 1 / this as its weight
+    ema_.device_changed();
+  }
   if constexpr (policy::loss_scaled) scaler_.applied(hyper_);
   st.step = step_;
   st.skipped_steps = scaler_.skipped;

@@ -18,7 +18,7 @@ namespace detail {
 
 template <class M, int Unroll>
 __global__ void ema_kernel(float* e, const M* p, index_t n, const ops::ema_scalars* sc, const int* skip) {
-  if (*skip != 0) return;
+  if (*skip != 0 || sc->weight == 0.0) return;
   const float w = static_cast<float>(sc->weight), keep = static_cast<float>(1.0 - sc->weight);
   grid_stride<Unroll>(n, [&](index_t i) { e[i] = keep * e[i] + w * to_float(p[i]); });
 }

@@ -5,6 +5,7 @@
 // Not for: choosing which checkpoint to restore, or agreeing on it across ranks (manager.hpp).
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -34,6 +35,8 @@ using accept_difference = std::function<bool(const std::string& path, const json
 struct staged_checkpoint {
   long step = 0;
   std::vector<float> params, state1, state2;
+  std::optional<double> ema_count;  // with ema: the EMA of the weights and its count
+  std::vector<float> ema;
   std::optional<double> loss_scale;
   long good_steps = 0, skipped_steps = 0;
   run_state state;
@@ -73,6 +76,11 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
   if constexpr (requires { t.parallel().size(); }) our_ranks = t.parallel().size();
   over_ranks(ours, our_ranks);
   over_ranks(theirs, saved_ranks);
+  // a checkpoint from before the EMA existed kept none
+  if (theirs["hyper"].is_object() && !theirs["hyper"].contains("ema_decay")) {
+    theirs["hyper"]["ema_decay"] = 0.0;
+    theirs["hyper"]["ema_every"] = 1;
+  }
   auto refuse = [&](const std::string& what, const std::vector<std::string>& diff, const std::string& hint) {
     std::string msg = where + ": " + what + "; refusing to resume. Differences:";
     for (const auto& d : diff) msg += "\n  " + d;
@@ -101,20 +109,31 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
   const auto n = static_cast<std::size_t>(params::total_elements);
   s.params.assign(n, 0.0f);
   try {
-    for (const param_desc& d : params::entries) {
-      const std::string name = param_name(d);
-      auto put = [&](std::vector<float>& into, const std::string& key) {
-        if (!c.tensors().contains(key)) throw checkpoint_error(where + ": tensor " + key + " is missing");
-        const auto values = c.tensors().template as<float>(key);
-        if (values.size() != static_cast<std::size_t>(d.numel()))
-          throw checkpoint_error(where + ": tensor " + key + " has " + std::to_string(values.size()) +
-                                 " values, the model needs " + std::to_string(d.numel()));
-        if (const auto bad = detail::first_non_finite(values))
-          throw checkpoint_error(where + ": tensor " + key + " holds a non-finite value at index " +
-                                 std::to_string(*bad) + "; this checkpoint cannot continue a run");
-        std::copy(values.begin(), values.end(), into.begin() + d.offset);
-      };
-      put(s.params, "model." + name);
+    auto put = [&](std::vector<float>& into, const param_desc& d, const std::string& key) {
+      if (!c.tensors().contains(key)) throw checkpoint_error(where + ": tensor " + key + " is missing");
+      const auto values = c.tensors().template as<float>(key);
+      if (values.size() != static_cast<std::size_t>(d.numel()))
+        throw checkpoint_error(where + ": tensor " + key + " has " + std::to_string(values.size()) +
+                               " values, the model needs " + std::to_string(d.numel()));
+      if (const auto bad = detail::first_non_finite(values))
+        throw checkpoint_error(where + ": tensor " + key + " holds a non-finite value at index " +
+                               std::to_string(*bad) + "; this checkpoint cannot continue a run");
+      std::copy(values.begin(), values.end(), into.begin() + d.offset);
+    };
+    for (const param_desc& d : params::entries) put(s.params, d, "model." + param_name(d));
+    // the EMA: a trainer that keeps one takes the checkpoint's (which the configuration check above
+    // found to have the same decay and cadence, or accepted a change); where the checkpoint has none
+    // (an accepted change of ema_decay from 0), the average starts again from the weights
+    bool keeps_ema = false;
+    if constexpr (requires { t.has_ema(); }) keeps_ema = t.has_ema();
+    const json saved_ema = c.state().value("ema", json(nullptr));
+    if (keeps_ema && saved_ema.is_object()) {
+      const json count = saved_ema.value("count", json(nullptr));
+      if (!count.is_number() || !(count.get<double>() >= 0.0) || !std::isfinite(count.get<double>()))
+        throw checkpoint_error(where + ": etude.state: ema.count must be a finite number >= 0, not " + count.dump());
+      s.ema_count = count.get<double>();
+      s.ema.assign(n, 0.0f);
+      for (const param_desc& d : params::entries) put(s.ema, d, "ema." + param_name(d));
     }
     // this trainer's range of the optimiser state (the whole, but for a ZeRO-1 rank), re-cut from
     // whatever layout the checkpoint was saved in
@@ -166,6 +185,8 @@ run_state apply_restore(Trainer& t, staged_checkpoint s) {
     t.restore(s.step, s.params, m1, m2);
   }
   if (s.loss_scale) t.set_loss_scale(*s.loss_scale, s.good_steps, s.skipped_steps);
+  if constexpr (requires { t.restore_ema(0.0, s.ema); })
+    if (s.ema_count) t.restore_ema(*s.ema_count, s.ema);
   s.state.accepted_changes = std::move(s.accepted);
   return std::move(s.state);
 }

@@ -1,8 +1,9 @@
 // Saving the whole state in one file: a checkpoint_snapshot copies the parameters, the optimiser
 // state (unless the trainer holds only a ZeRO-1 shard of it) and the run state between steps,
 // refusing any value that is not finite; write_snapshot writes it atomically as
-// ckpt-<step>.safetensors (model.<name>, optim.<slot>.<name>, the state as JSON in etude.state) with
-// the file's self-digest as etude.checksum. Writing needs no trainer, so it may run in the
+// ckpt-<step>.safetensors (model.<name>, optim.<slot>.<name>, ema.<name> where the trainer keeps an
+// EMA of the weights, the state as JSON in etude.state, the EMA's count in it) with the file's
+// self-digest as etude.checksum. Writing needs no trainer, so it may run in the
 // background.
 // Not for: the shards of a ZeRO-1 save (shards.hpp), choosing file names and retention (manager.hpp).
 #pragma once
@@ -34,6 +35,7 @@ struct checkpoint_snapshot {
   std::vector<std::vector<float>> params;                // per tensor
   std::vector<std::vector<std::vector<float>>> slots;    // [slot][tensor]
   std::vector<std::string> slot_names;                   // the optimiser's state names
+  std::vector<std::vector<float>> ema;                   // per tensor; empty without an EMA
   json state;
 };
 
@@ -62,6 +64,12 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
     const auto w = t.tensor(p);
     if (const auto bad = detail::first_non_finite(std::span(w.data(), w.size()))) throw refuse("parameter " + s.names.back(), *bad);
     s.params.emplace_back(w.begin(), w.end());
+    if constexpr (requires { t.ema_tensor(p); })
+      if (t.has_ema()) {
+        const auto e = t.ema_tensor(p);
+        if (const auto bad = detail::first_non_finite(e)) throw refuse("the EMA of " + s.names.back(), *bad);
+        s.ema.emplace_back(e.begin(), e.end());
+      }
     for (int k = 0; k < slots; ++k) {
       const auto st = t.optimizer_state(k).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()));
       auto& out = s.slots[static_cast<std::size_t>(k)].emplace_back(st.size());
@@ -84,6 +92,7 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   st["code_version"] = code_version();
   st["etude_version"] = version_string;
   st["extra"] = rs.extra;
+  if (!s.ema.empty()) st["ema"] = {{"count", t.ema_count()}};
   st["wall_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   s.state = std::move(st);
   return s;
@@ -99,6 +108,7 @@ inline safetensors_writer snapshot_tensors(const checkpoint_snapshot& s) {
                                                      : std::vector<std::uint64_t>{s.rows[i], s.cols[i]};
     w.add("model." + s.names[i], s.params[i], shape);
     for (std::size_t k = 0; k < s.slots.size(); ++k) w.add("optim." + s.slot_names[k] + "." + s.names[i], s.slots[k][i], shape);
+    if (!s.ema.empty()) w.add("ema." + s.names[i], s.ema[i], shape);
   }
   return w;
 }

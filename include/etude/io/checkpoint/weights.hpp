@@ -21,16 +21,20 @@
 #include "etude/io/checkpoint/run_state.hpp"
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
+#include "etude/train/stats.hpp"
 
 namespace etude::io {
 
 // Weights only, for generation or fine-tuning: one safetensors file with the table's tensor
-// names (AudioCraft's state-dict names), "format": "pt".
+// names (AudioCraft's state-dict names), "format": "pt". weight_set::ema writes the EMA of the
+// weights under the same names (a trainer with hyper.ema_decay > 0).
 template <class Trainer>
-void save_weights(const Trainer& t, const std::filesystem::path& file) {
+void save_weights(const Trainer& t, const std::filesystem::path& file, weight_set from = weight_set::trained) {
+  if (from == weight_set::ema && !t.has_ema())
+    throw invalid_argument("save_weights: weight_set::ema needs a trainer that keeps an EMA (hyper.ema_decay > 0)");
   safetensors_writer w;
   for (const param_desc& p : Trainer::params::entries) {
-    const auto values = t.tensor(p);
+    const auto values = from == weight_set::ema ? t.ema_tensor(p) : t.tensor(p);
     w.add(param_name(p), values,
           p.rows == 1 ? std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.cols)}
                       : std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.rows), static_cast<std::uint64_t>(p.cols)});

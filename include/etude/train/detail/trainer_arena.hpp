@@ -87,7 +87,9 @@ void trainer<Config, Backend>::note_memory(index_t arena_used) {
   constexpr auto F = static_cast<index_t>(sizeof(compute_type));
   const index_t tables =
       executor::host_resident ? static_cast<index_t>((plan_.source.capacity() + plan_.target.capacity()) * sizeof(index_t)) : 0;
-  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() + micro_grads_.bytes() + tables + control_bytes();
+  index_t state = master_.bytes() + working_.bytes() + grads_.bytes() + micro_grads_.bytes() + ema_.bytes() +
+                  static_cast<index_t>(ema_rounded_.size()) * static_cast<index_t>(sizeof(param_type)) + tables +
+                  control_bytes();
   for (const auto& s : states_) state += s.bytes();
   memory_.allocated = state + pos_used_ * S.dim * F + arena_used + exec_.staged_bytes() + exec_.held_bytes();
   memory_.reserved = state + static_cast<index_t>(pos_.size()) * F + exec_.workspace_reserved() + exec_.extra_bytes();

@@ -1,5 +1,6 @@
 // etude::trainer's evaluation (train/trainer.hpp): forward and loss only, in chunks of the
-// microbatch size, summed over ranks; no parameter, gradient or optimiser state is touched.
+// microbatch size, summed over ranks, of the trained weights or their EMA; no parameter, gradient
+// or optimiser state is touched.
 // Not for: the training step (train/detail/trainer_step.hpp) or generation (generate/).
 // Part of train/trainer.hpp's out-of-class definitions (and including it, so it also compiles alone).
 #pragma once
@@ -14,10 +15,11 @@
 namespace etude {
 
 template <class Config, class Backend>
-eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
+eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch, weight_set from) {
   [[maybe_unused]] const auto guard = exec_.enter();
   check_batch<model>(batch, false, microbatches);
   prepare_state();
+  const param_type* read = from == weight_set::ema ? ema_weights("trainer::evaluate") : this->weights();
   const pattern_plan& plan = plan_for(batch.frames);
   const index_t steps = plan.steps;
   const index_t chunk = std::max<index_t>(1, batch.batch / microbatches);
@@ -42,9 +44,9 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch) {
       used = std::max(used, sz.total());
       const microbatch_workspace w = carve(nb, steps);
       exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.inputs());
-      net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
+      net::forward(read, w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
       for (int k = 0; k < K; ++k)
-        net::head(weights(), grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
+        net::head(read, grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
                   &control_.scalars()->zero_weight, &r->loss[k], false, w.ops);
     }
     control_.end();

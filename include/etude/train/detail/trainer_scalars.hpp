@@ -26,6 +26,9 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
       c.weight[m * K + k] =
           static_cast<compute_type>(detail::loss_weight<Config>(tc.normaliser(m, k), scaler_.scale, dp_.size()));
   c.zero_weight = compute_type(0);
+  // the EMA's weight if this step's update is one of its updates (the step_with that applies it
+  // advances the count); 0 leaves the average as it is
+  c.ema.weight = has_ema() && (step_ + 1) % hyper_.ema_every == 0 ? 1.0 / next_ema_count() : 0.0;
 }
 
 // Every rank's valid-target counts: totals summed over ranks (the loss_norm::tokens normaliser);

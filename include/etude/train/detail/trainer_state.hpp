@@ -6,8 +6,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "etude/train/trainer.hpp"
 
@@ -50,7 +52,52 @@ void trainer<Config, Backend>::restore(long step, std::span<const value_type> pa
   grads_.device_changed();
   step_ = step;
   working_stale_ = true;
+  reset_ema();
   prepare_state();
+}
+
+template <class Config, class Backend>
+void trainer<Config, Backend>::restore_ema(double count, std::span<const float> values) {
+  if (!has_ema())
+    throw invalid_input("trainer::restore_ema: this trainer keeps no EMA (hyper.ema_decay is 0); set ema_decay to "
+                        "resume one, or load the weights alone");
+  if (values.size() != static_cast<std::size_t>(P) || !(count >= 0.0) || !std::isfinite(count))
+    throw invalid_input("trainer::restore_ema: expected " + std::to_string(P) + " values and a finite count >= 0; got " +
+                        std::to_string(values.size()) + " values and count " + std::to_string(count) +
+                        ": the EMA belongs to another model");
+  [[maybe_unused]] const auto guard = exec_.enter();
+  std::copy(values.begin(), values.end(), ema_.host_mutable(exec_).begin());
+  ema_count_ = count;
+  prepare_state();
+}
+
+template <class Config, class Backend>
+void trainer<Config, Backend>::reset_ema() {
+  ema_count_ = 0.0;
+  if (!has_ema()) return;
+  const auto w = master_.host(exec_);
+  const auto e = ema_.host_mutable(exec_);
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] = static_cast<float>(w[i]);
+}
+
+template <class Config, class Backend>
+const typename trainer<Config, Backend>::param_type* trainer<Config, Backend>::ema_weights(const char* who) {
+  if (!has_ema())
+    throw invalid_argument(std::string(who) + ": weight_set::ema needs an EMA of the weights (hyper.ema_decay > 0)");
+  const float* e = ema_.device();
+  if constexpr (std::is_same_v<param_type, float>) {
+    return e;
+  } else if constexpr (policy::has_master) {
+    // the working copy is refreshed from the master before the next pass
+    Backend::copy(working_.device(), e, P);
+    working_.device_changed();
+    working_stale_ = true;
+    return working_.device();
+  } else {
+    if (ema_rounded_.size() != P) ema_rounded_ = typename executor::template buffer<param_type>(P);
+    Backend::copy(ema_rounded_.data(), e, P);
+    return ema_rounded_.data();
+  }
 }
 
 // Uploads what the host changed and refreshes the working copy from the master when stale.
@@ -58,6 +105,7 @@ template <class Config, class Backend>
 void trainer<Config, Backend>::prepare_state() {
   master_.sync_to_device(exec_);
   for (auto& s : states_) s.sync_to_device(exec_);
+  ema_.sync_to_device(exec_);
   if constexpr (policy::has_master) {
     if (working_stale_) {
       Backend::copy(working_.device(), master_.device(), P);

@@ -125,6 +125,12 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
         comm->allgather(working_.device(), comm_type_of<param_type>(), sh, "updated working weights");
     }
     if (sharded) step_op("gather_weights");
+    if (has_ema()) {
+      // every rank averages all the weights (gathered above under zero1): the same bits on each
+      Backend::ema_update(ema_.device(), static_cast<const value_type*>(master_.device()), P, &c->ema,
+                          &r->decision.skip);
+      step_op("ema_update");
+    }
     Backend::clear_unless(grads, P, &r->decision.keep);
     step_op("clear_gradients");
   }
