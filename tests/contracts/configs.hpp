@@ -20,3 +20,8 @@ using contract_fp16 = etude::train_config<contract_lm, etude::precision::fp16>;
 using contract_adamw_fp64 = etude::train_config<contract_lm, etude::precision::fp64, etude::accumulate<2>>;
 using contract_sgd_fp64 =
     etude::train_config<contract_lm, etude::precision::fp64, etude::optim::sgd<true>, etude::schedule::constant>;
+// Frozen groups (config/trainable.hpp): the embeddings and self-attention frozen (a frozen
+// LayerNorm among them), and under fp16 only the FFNs trained.
+using contract_frozen =
+    etude::train_config<contract_lm, etude::accumulate<2>, etude::freeze<etude::group::embeddings, etude::group::self_attention>>;
+using contract_fp16_ffn_only = etude::train_config<contract_lm, etude::precision::fp16, etude::train_only<etude::group::ffn>>;

@@ -658,3 +658,109 @@ TEST_CASE("contract: the EMA is saved and restored with the run, and a resumed r
   CHECK(contract::same_bits(contract::params_of(plain), contract::ema_of(straight)));
   fs::remove_all(dir);
 }
+
+// ---- frozen groups (config/trainable.hpp) -----------------------------------------------------------
+
+namespace contract {
+// The tensors of a trainer's table that train, and those frozen.
+template <class Trainer>
+std::vector<const etude::param_desc*> tensors_where(bool trained) {
+  std::vector<const etude::param_desc*> out;
+  for (const auto& p : Trainer::params::entries)
+    if (Trainer::trains(p) == trained) out.push_back(&p);
+  return out;
+}
+template <class Trainer>
+std::vector<float> tensor_of(const Trainer& t, const etude::param_desc& p) { return widen(t.tensor(p)); }
+
+// A frozen configuration against the same model with everything trained, whose frozen tensors are
+// put back to their initial values after each step: the trainable tensors' gradients and weights
+// are the same bit for bit, the frozen ones never change, and no gradient or state exists for them.
+template <class Frozen, class Full>
+void check_frozen_against_full() {
+  auto h = contract_hyper();  // clip_norm 0: the global norm would count the frozen gradients
+  trainer_for<Frozen> f{h};
+  trainer_for<Full> a{h};
+  using F = trainer_for<Frozen>;
+  REQUIRE(same_bits(params_of(f), params_of(a)));  // the same initialisation, tensor by tensor
+  const auto trained = tensors_where<F>(true), frozen = tensors_where<F>(false);
+  REQUIRE_FALSE(frozen.empty());
+  CHECK(F::PT < F::P);
+  CHECK(f.gradients().size() == static_cast<std::size_t>(F::PT));
+  CHECK(f.optimizer_state(0).size() == static_cast<std::size_t>(F::PT));
+  const auto initial = params_of(f);
+
+  const auto b0 = random_batch(4, 12, 100);
+  CHECK(f.loss_and_gradients(b0).ce == a.loss_and_gradients(b0).ce);
+  for (const auto* p : trained) {
+    INFO(etude::param_name(*p));
+    CHECK(same_bits(widen(f.gradient(*p)), widen(a.gradient(*p))));
+  }
+  for (const auto* p : frozen) CHECK(f.gradient(*p).empty());
+
+  for (std::uint64_t s = 0; s < 3; ++s) {
+    const auto b = random_batch(4, 12, 101 + s);
+    CHECK(f.step(b).ce == a.step(b).ce);
+    for (const auto* p : frozen) {
+      INFO(etude::param_name(*p));
+      const auto want = std::vector<float>(initial.begin() + p->offset, initial.begin() + p->offset + p->numel());
+      CHECK(same_bits(tensor_of(f, *p), want));
+      auto w = a.tensor_for_write(*p);  // the full model's frozen tensors held where they were
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<typename trainer_for<Full>::value_type>(want[i]);
+    }
+    for (const auto* p : trained) {
+      INFO(etude::param_name(*p) << " after step " << s + 1);
+      CHECK(same_bits(tensor_of(f, *p), tensor_of(a, *p)));
+    }
+  }
+}
+}  // namespace contract
+
+TEST_CASE("contract: frozen groups: the trainable tensors train as in the full model, the frozen never move", "[contract][frozen]" ETUDE_CONTRACT_TAG) {
+  SECTION("embeddings and self-attention frozen, accumulate<2>") {
+    contract::check_frozen_against_full<contract_frozen, contract_adamw>();
+  }
+  SECTION("fp16, only the FFNs trained") { contract::check_frozen_against_full<contract_fp16_ffn_only, contract_fp16>(); }
+}
+
+TEST_CASE("contract: a frozen run saves only what trains' optimiser state, and resumes bit for bit", "[contract][frozen]" ETUDE_CONTRACT_TAG) {
+  namespace fs = std::filesystem;
+  const auto h = contract::contract_hyper();
+  const fs::path dir = fs::temp_directory_path() / ("etude-contract-frozen-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  contract::trainer_for<contract_frozen> straight{h};
+  for (std::uint64_t s = 0; s < 2; ++s) straight.step(contract::random_batch(4, 12, 110 + s));
+  {
+    etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+    m.save(straight, {});
+  }
+  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+  const auto latest = m.latest();
+  REQUIRE(latest);
+  using T = contract::trainer_for<contract_frozen>;
+  const std::string slot = T::config::optimizer::state_names[0];
+  CHECK(latest->tensors().contains("model.emb.0.weight"));
+  CHECK_FALSE(latest->tensors().contains("optim." + slot + ".emb.0.weight"));
+  CHECK(latest->tensors().contains("optim." + slot + ".transformer.layers.0.linear1.weight"));
+  CHECK(latest->state()["config"]["trainable"]["policy"] == "freeze");
+  T resumed{h};
+  etude::io::restore(resumed, *latest);
+  CHECK(contract::snapshot(resumed) == contract::snapshot(straight));
+  for (std::uint64_t s = 2; s < 4; ++s) {
+    const auto b = contract::random_batch(4, 12, 110 + s);
+    CHECK(resumed.step(b).ce == straight.step(b).ce);
+  }
+  CHECK(contract::snapshot(resumed) == contract::snapshot(straight));
+  // the same model with everything trained is another configuration
+  contract::trainer_for<contract_adamw> full{h};
+  CHECK_THROWS_WITH(etude::io::restore(full, *latest), Catch::Contains("trainable"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("contract: frozen groups: an update that would overflow names the first trainable tensor", "[contract][frozen][non_finite]" ETUDE_CONTRACT_TAG) {
+  auto wild = contract::contract_hyper();
+  wild.lr = 1e38;
+  // the embeddings and layer 0's self-attention are frozen: the first trainable weight is norm2's
+  contract::check_refused<contract_frozen>(contract::contract_hyper(), wild,
+                                           {"the weight of transformer.layers.0.norm2.weight (element 0 of"});
+}

@@ -32,6 +32,9 @@ using cond_lm = etude::model<shape, pat::delay<0, 1, 2, 3>,
                              etude::conditions<etude::cond::attribute<"key", 12, 16>, etude::fuse::cross>>;
 template <int M>
 using cond_cfg = etude::train_config<cond_lm, etude::accumulate<M>>;
+// frozen groups (config/trainable.hpp): the gradients reduced are the packed trainable ones
+template <int M>
+using frozen_cfg = etude::train_config<lm, etude::accumulate<M>, etude::freeze<etude::group::embeddings, etude::group::ffn>>;
 
 constexpr index_t frames = 20;
 
@@ -127,6 +130,27 @@ TEST_CASE("2 ranks x accumulate<1> equal 1 rank x accumulate<2> bit for bit, pad
   SECTION("plain data parallelism") { check_identical(one, ranks<cfg<1>>(2, data, 4, false)); }
   SECTION("ZeRO-1") { check_identical(one, ranks<cfg<1>>(2, data, 4, true)); }
   SECTION("one bucket for everything") { check_identical(one, ranks<cfg<1>>(2, data, 4, true, std::size_t{1} << 30)); }
+}
+
+TEST_CASE("frozen groups: 2 ranks equal accumulate<2> bit for bit, small buckets over the packed gradients; zero1 refused", "[dist]") {
+  const auto data = uneven_batch(8);
+  auto h = hyper_for_test();
+  h.clip_norm = 0.05;  // the packed gradients' norm is smaller: the clip must still act
+  const run_result one = single<frozen_cfg<2>>(data, 3, h);
+  CHECK(one.grads.size() == static_cast<std::size_t>(etude::cpu_trainer<frozen_cfg<1>>::PT));
+  CHECK(one.stats[1].clip_coef < 1.0);
+  check_identical(one, ranks<frozen_cfg<1>>(2, data, 3, false, 512, h));
+  check_identical(one, ranks<frozen_cfg<1>>(2, data, 3, false, std::size_t{1} << 30, h));
+  std::string refusal;
+  etude::test::run_ranks(2, [&](int r, etude::communicator& c) {
+    etude::cpu_trainer<frozen_cfg<1>> t{hyper_for_test()};
+    try {
+      t.distribute({&c, 4096, true});
+    } catch (const etude::invalid_argument& e) {
+      if (r == 0) refusal = e.what();
+    }
+  });
+  CHECK_THAT(refusal, Catch::Contains("zero1 with frozen parameters"));
 }
 
 TEST_CASE("3 ranks sum in rank order: equal to accumulate<3>", "[dist]") {

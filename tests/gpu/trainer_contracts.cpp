@@ -9,6 +9,8 @@
 extern template class etude::trainer<contract_adamw, etude::backend::cuda>;
 extern template class etude::trainer<contract_sgd, etude::backend::cuda>;
 extern template class etude::trainer<contract_fp16, etude::backend::cuda>;
+extern template class etude::trainer<contract_frozen, etude::backend::cuda>;
+extern template class etude::trainer<contract_fp16_ffn_only, etude::backend::cuda>;
 
 #define ETUDE_CONTRACT_BACKEND etude::backend::cuda
 #define ETUDE_CONTRACT_TAG "[gpu]"

@@ -243,6 +243,30 @@ TEST_CASE("gradient diagnostics: no dead-parameter warning when every condition 
   CHECK(diag.warnings().empty());
 }
 
+TEST_CASE("gradient diagnostics: a frozen tensor has no gradient and no update, and is never called dead", "[track][diagnostics]") {
+  using cfg = etude::train_config<plain_lm, etude::train_only<etude::group::ffn>>;
+  etude::trainer<cfg, etude::backend::cpu> tr;
+  etude::track::gradient_diagnostics diag(2);
+  for (int s = 0; s < 4; ++s) {
+    const auto batch = make_batch(4, 8, 300 + static_cast<std::uint64_t>(s));
+    diag.before_step(tr, batch);
+    const auto& r = diag.after_step(tr, tr.step(batch));
+    for (std::size_t i = 0; i < r.tensors.size(); ++i) {
+      const auto& p = decltype(tr)::params::entries[i];
+      INFO(r.tensors[i].name);
+      if (decltype(tr)::trains(p)) {
+        CHECK(r.tensors[i].grad_norm > 0.0);
+        CHECK(r.tensors[i].update_norm > 0.0);
+      } else {
+        CHECK(r.tensors[i].grad_norm == 0.0);
+        CHECK(r.tensors[i].update_norm == 0.0);
+        CHECK(r.tensors[i].zeros == 0);
+      }
+    }
+  }
+  CHECK(diag.warnings().empty());
+}
+
 TEST_CASE("gradient diagnostics: after_step without before_step is refused", "[track][diagnostics]") {
   etude::trainer<etude::train_config<plain_lm>, etude::backend::cpu> tr;
   etude::track::gradient_diagnostics diag;

@@ -143,7 +143,8 @@ void check(etude::index_t microbatch, etude::index_t frames, bool ema = false) {
   std::printf("  %-58s b %lld T %4lld: plan %9lld measured %9lld (%.4f)\n",
               (etude::precision::name_of<typename Config::precision>() + ", " +
                ck::describe<typename Config::checkpointing>() + ", dim " + std::to_string(Config::model::shape.dim) +
-               (ema ? ", EMA" : ""))
+               (ema ? ", EMA" : "") +
+               (Config::trainable::all ? "" : std::string(", ") + Config::trainable::describe() + "<...>"))
                   .c_str(),
               static_cast<long long>(microbatch), static_cast<long long>(frames),
               static_cast<long long>(m.plan.total()), m.peak, ratio);
@@ -177,6 +178,11 @@ TEST_CASE("the arena's measured peak agrees with the memory plan within 2%", "[m
       check<etude::train_config<lm_wider, pr::bf16, ck::every_nth<2>, etude::optim::sgd<true>>>(b, frames);
     }
   check<etude::train_config<lm_flat, pr::bf16, ck::none>>(2, 40);
+  // frozen groups: gradients and moments of what trains only, planned and measured
+  check<etude::train_config<lm_wider, pr::fp32, ck::none, etude::freeze<etude::group::embeddings, etude::group::ffn>>>(2, 32);
+  check<etude::train_config<lm_wider, pr::bf16, ck::selective, etude::train_only<etude::group::output>>>(2, 32);
+  check<etude::train_config<lm_cross, pr::fp32, ck::selective, etude::train_only<etude::group::cross_attention,
+                                                                                 etude::group::conditions>>>(2, 64);
   // an EMA of the weights: 4 bytes a parameter more, planned and measured
   check<etude::train_config<lm_wider, pr::fp32, ck::none>>(2, 32, true);
   check<etude::train_config<lm_wider, pr::bf16, ck::selective>>(2, 32, true);

@@ -27,6 +27,11 @@ struct device_plan {
                                              int /*threads*/) {
     return 0;
   }
+  // The same for cross-attention (backend/cuda/cross_attention.cuh): no scratch beyond its outputs.
+  static constexpr index_t cross_attention_scratch(index_t /*steps*/, index_t /*positions*/, index_t /*head_dim*/,
+                                                   bool /*staged*/, int /*threads*/) {
+    return 0;
+  }
 
   // Tensor cores read 16-bit operands directly, so no product widens its operands into a
   // workspace (the CPU backend does, three float tiles); fp32 products need none either.

@@ -1,7 +1,7 @@
 // etude::train_config<Model, Policies...>: a model plus policy tags in any order — precision,
-// accumulation, activation checkpointing, optimiser, schedule. Each kind not named takes its
-// default (fp32, accumulate<1>, checkpointing::none, AdamW, cosine), so `train_config<lm>` is a
-// complete, sensible trainer.
+// accumulation, activation checkpointing, optimiser, schedule, what trains. Each kind not named
+// takes its default (fp32, accumulate<1>, checkpointing::none, AdamW, cosine, train_all), so
+// `train_config<lm>` is a complete, sensible trainer.
 #pragma once
 
 #include <type_traits>
@@ -11,6 +11,7 @@
 #include "etude/config/hyper.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/config/precision.hpp"
+#include "etude/config/trainable.hpp"
 
 namespace etude {
 
@@ -32,14 +33,16 @@ inline constexpr bool known_policy = std::is_base_of_v<precision::policy_tag, P>
                                      std::is_base_of_v<accumulate_tag, P> ||
                                      std::is_base_of_v<checkpointing::policy_tag, P> ||
                                      std::is_base_of_v<optim::optimizer_tag, P> ||
-                                     std::is_base_of_v<schedule::schedule_tag, P>;
+                                     std::is_base_of_v<schedule::schedule_tag, P> ||
+                                     std::is_base_of_v<trainable_tag, P>;
 }  // namespace detail
 
 template <class Model, class... Policies>
 struct train_config {
   static_assert((detail::known_policy<Policies> && ...),
                 "train_config: every argument after the model must be a policy: etude::precision::*, "
-                "etude::accumulate<N>, etude::checkpointing::*, etude::optim::*, etude::schedule::*");
+                "etude::accumulate<N>, etude::checkpointing::*, etude::optim::*, etude::schedule::*, "
+                "etude::train_only<...>, etude::freeze<...>");
   static_assert(detail::count_policy<precision::policy_tag, Policies...> <= 1,
                 "train_config: name at most one precision policy");
   static_assert(detail::count_policy<accumulate_tag, Policies...> <= 1,
@@ -50,6 +53,8 @@ struct train_config {
                 "train_config: name at most one optimiser");
   static_assert(detail::count_policy<schedule::schedule_tag, Policies...> <= 1,
                 "train_config: name at most one schedule");
+  static_assert(detail::count_policy<trainable_tag, Policies...> <= 1,
+                "train_config: name at most one selection of what trains (train_only<...> or freeze<...>)");
 
   using model = Model;
   using precision = typename detail::pick_policy<precision::policy_tag, precision::fp32, Policies...>::type;
@@ -58,6 +63,7 @@ struct train_config {
                                                     Policies...>::type;
   using optimizer = typename detail::pick_policy<optim::optimizer_tag, optim::adamw, Policies...>::type;
   using schedule = typename detail::pick_policy<schedule::schedule_tag, schedule::cosine, Policies...>::type;
+  using trainable = typename detail::pick_policy<trainable_tag, train_all, Policies...>::type;
   static constexpr int microbatches = accumulation::microbatches;
   static constexpr loss_norm norm = accumulation::norm;
 };

@@ -65,6 +65,13 @@ json describe_config() {
   j["accumulate"]["loss_norm"] = Config::norm == loss_norm::tokens ? "tokens" : "mean_of_means";
   j["optimizer"] = Config::optimizer::name;
   j["schedule"] = Config::schedule::name;
+  // what trains, where not everything does (train_all leaves the record as it always was)
+  if constexpr (!Config::trainable::all) {
+    j["trainable"]["policy"] = Config::trainable::describe();
+    json groups = json::array();
+    for (const group g : Config::trainable::named) groups.push_back(group_name(g));
+    j["trainable"]["groups"] = std::move(groups);
+  }
   return j;
 }
 

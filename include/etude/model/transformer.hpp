@@ -26,6 +26,7 @@
 #include "etude/model/observer.hpp"
 #include "etude/model/params.hpp"
 #include "etude/model/scratch.hpp"
+#include "etude/model/trainable_layout.hpp"
 #include "etude/ops/gemm.hpp"
 #include "etude/ops/layernorm.hpp"
 
@@ -34,10 +35,12 @@ namespace etude {
 // Policy: a precision policy (config/precision.hpp); Ckpt: a checkpoint policy
 // (config/checkpointing.hpp). Every pass takes an observer (model/observer.hpp), told after each op
 // what it wrote; the default observes nothing and costs nothing.
-template <class Model, class Backend, class Policy, class Ckpt = checkpointing::none>
+template <class Model, class Backend, class Policy, class Ckpt = checkpointing::none, class Trainable = train_all>
 struct transformer {
   static constexpr shape S = Model::shape;
   using params = typename Model::params;
+  // where gradients go: packed over what trains (model/trainable_layout.hpp); the table under train_all
+  using grads = trainable_layout<params, Trainable>;
   using W = typename Policy::param_t;
   using A = typename Policy::activation_t;
   using G = typename Policy::grad_t;
@@ -106,6 +109,19 @@ struct transformer {
   static auto* param(Buf* base, param_kind kind, int layer = -1, int codebook = -1) {
     return base + params::at(kind, layer, codebook).offset;
   }
+  // Whether a tensor trains, and where its gradient goes: its packed place, or for a frozen
+  // LayerNorm's weight and bias the sink after the packed gradients (written, never read).
+  static constexpr bool trains(param_kind kind) { return grads::trains(kind); }
+  static G* gparam(G* g, param_kind kind, int layer = -1, int codebook = -1) {
+    if (trains(kind)) return g + grads::offset_of(kind, layer, codebook);
+    const bool bias = kind == param_kind::norm1_bias || kind == param_kind::norm2_bias ||
+                      kind == param_kind::norm_cross_bias || kind == param_kind::out_norm_bias;
+    return g + grads::total_elements + (bias ? D : 0);
+  }
+  // Backward's "the gradients from table tensor (kind, layer, codebook) on are final", packed.
+  static constexpr index_t final_from(param_kind kind, int layer = -1, int codebook = -1) {
+    return grads::final_from(kind, layer, codebook);
+  }
 
   template <class TA, class TB, class TC>
   static void mm(const workspace& ws, bool ta, bool tb, index_t m, index_t n, index_t k, double alpha, const TA* a,
@@ -125,7 +141,8 @@ struct transformer {
   }
   static seen grad(const G* g, param_kind kind, int layer = -1, int codebook = -1) {
     const param_desc& d = params::at(kind, layer, codebook);
-    return seen::gradient(g + d.offset, {kind, layer, codebook}, d.rows, d.cols);
+    if (!trains(kind)) return seen::gradient(g, {kind, layer, codebook}, 0, 0);  // frozen: none
+    return seen::gradient(g + grads::offset_of(kind, layer, codebook), {kind, layer, codebook}, d.rows, d.cols);
   }
 
   // Forward to the final LayerNorm. seq: (B, K, S) pattern tokens; pos: (positions(S), D); saved,
@@ -220,9 +237,9 @@ struct transformer {
     for (int j = 0; j < conds::count; ++j) {
       const condition_desc& c = conds::list[static_cast<std::size_t>(j)];
       const A* dout = cd.dcond + c.first_position * D;
-      G* dproj = param(g, param_kind::cond_proj, -1, j);
+      G* dproj = gparam(g, param_kind::cond_proj, -1, j);
       for (index_t b = 0; b < batch; ++b)
-        Backend::bias_grad(param(g, param_kind::cond_bias, -1, j), dout + b * ldc, c.positions, D, D);
+        Backend::bias_grad(gparam(g, param_kind::cond_bias, -1, j), dout + b * ldc, c.positions, D, D);
       if (c.kind == cond::condition_kind::attribute) {
         // the rows again (the forward's were overwritten by the next attribute), then
         // dproj += doutᵀ·rows and drows = dout·proj into the table's looked-up rows
@@ -231,7 +248,7 @@ struct transformer {
         mm(ws, true, false, D, c.width, batch, 1.0, dout, ldc, cd.rows, c.width, 1.0, dproj, c.width);
         mm(ws, false, false, batch, c.width, D, 1.0, dout, ldc, param(p, param_kind::cond_proj, -1, j), c.width, 0.0,
            cd.rows, c.width);
-        Backend::condition_gather_bwd(param(g, param_kind::cond_table, -1, j), cd.rows, cd.index + c.slot, batch,
+        Backend::condition_gather_bwd(gparam(g, param_kind::cond_table, -1, j), cd.rows, cd.index + c.slot, batch,
                                       c.width, conds::attributes);
         obs(site("condition_projection", -1, ph, param_kind::cond_proj, 2, j),
             {grad(g, param_kind::cond_table, -1, j), grad(g, param_kind::cond_proj, -1, j),
@@ -375,8 +392,10 @@ struct transformer {
       constexpr pass_phase ph = pass_phase::backward;
       mm(ws, false, false, rows, D, C, 1.0, logits, C, w, D, k == 0 ? 0.0 : 1.0, dlnf, D);
       obs(site("head/dx", -1, ph, param_kind::head, 1, k), {rows_of("dlnf", dlnf, rows, D)});
-      mm(ws, true, false, C, D, rows, 1.0, logits, C, lnf, D, 1.0, param(g, param_kind::head, -1, k), D);
-      obs(site("head/dw", -1, ph, param_kind::head, 1, k), {grad(g, param_kind::head, -1, k)});
+      if constexpr (trains(param_kind::head)) {
+        mm(ws, true, false, C, D, rows, 1.0, logits, C, lnf, D, 1.0, gparam(g, param_kind::head, -1, k), D);
+        obs(site("head/dw", -1, ph, param_kind::head, 1, k), {grad(g, param_kind::head, -1, k)});
+      }
     }
   }
 
@@ -402,20 +421,22 @@ struct transformer {
     A* dffn = scratch.dffn;
     Backend::fill_zero(dx, rows * D);
     if constexpr (conditioned) Backend::fill_zero(cd.dcond, batch * LC * D);
-    Backend::layernorm_bwd(dx, param(g, param_kind::out_norm_weight), param(g, param_kind::out_norm_bias), dh,
+    Backend::layernorm_bwd(dx, gparam(g, param_kind::out_norm_weight), gparam(g, param_kind::out_norm_bias), dh,
                            final_at<A>(saved, final_slot::x_out, rows), final_at<F>(saved, final_slot::lnf_mean, rows),
                            final_at<F>(saved, final_slot::lnf_rstd, rows), param(p, param_kind::out_norm_weight), rows,
                            D);
     obs(site("out_norm", -1, ph, param_kind::out_norm_weight, 2),
         {rows_of("dx", dx, rows, D), grad(g, param_kind::out_norm_weight), grad(g, param_kind::out_norm_bias)});
-    ready(params::at(param_kind::out_norm_weight, -1, -1).offset);
+    ready(final_from(param_kind::out_norm_weight));
     for (int l = S.layers - 1; l >= 0; --l) {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
       // write it before they read it
       if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd, obs);
-      mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, param(g, param_kind::ffn_down, l), FF);
-      obs(site("ffn_down/dw", l, ph, param_kind::ffn_down), {grad(g, param_kind::ffn_down, l)});
+      if constexpr (trains(param_kind::ffn_down)) {
+        mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, gparam(g, param_kind::ffn_down, l), FF);
+        obs(site("ffn_down/dw", l, ph, param_kind::ffn_down), {grad(g, param_kind::ffn_down, l)});
+      }
       if constexpr (ops::fuses_gemm_gelu<Backend>) {
         Backend::gemm_gelu_bwd(false, false, rows, FF, D, dx, D, param(p, param_kind::ffn_down, l), FF, dffn,
                                a.ffn_pre, FF, ws.gemm);
@@ -426,44 +447,50 @@ struct transformer {
         Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
         obs(site("gelu", l, ph), {rows_of("dffn_pre", dffn, rows, FF)});
       }
-      mm(ws, true, false, FF, D, rows, 1.0, dffn, FF, a.ln2, D, 1.0, param(g, param_kind::ffn_up, l), D);
-      obs(site("ffn_up/dw", l, ph, param_kind::ffn_up), {grad(g, param_kind::ffn_up, l)});
+      if constexpr (trains(param_kind::ffn_up)) {
+        mm(ws, true, false, FF, D, rows, 1.0, dffn, FF, a.ln2, D, 1.0, gparam(g, param_kind::ffn_up, l), D);
+        obs(site("ffn_up/dw", l, ph, param_kind::ffn_up), {grad(g, param_kind::ffn_up, l)});
+      }
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);
       obs(site("ffn_up/dx", l, ph, param_kind::ffn_up), {rows_of("dln2", dh, rows, D)});
-      Backend::layernorm_bwd(dx, param(g, param_kind::norm2_weight, l), param(g, param_kind::norm2_bias, l), dh,
+      Backend::layernorm_bwd(dx, gparam(g, param_kind::norm2_weight, l), gparam(g, param_kind::norm2_bias, l), dh,
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
       obs(site("ln2", l, ph, param_kind::norm2_weight, 2),
           {rows_of("dx", dx, rows, D), grad(g, param_kind::norm2_weight, l), grad(g, param_kind::norm2_bias, l)});
       if constexpr (cross) cross_backward(p, g, l, a, batch, len, scratch, ws, cd, obs);
-      mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, param(g, param_kind::out_proj, l), D);
-      obs(site("out_proj/dw", l, ph, param_kind::out_proj), {grad(g, param_kind::out_proj, l)});
+      if constexpr (trains(param_kind::out_proj)) {
+        mm(ws, true, false, D, D, rows, 1.0, dx, D, a.att, D, 1.0, gparam(g, param_kind::out_proj, l), D);
+        obs(site("out_proj/dw", l, ph, param_kind::out_proj), {grad(g, param_kind::out_proj, l)});
+      }
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
       obs(site("out_proj/dx", l, ph, param_kind::out_proj), {rows_of("datt", dh, rows, D)});
       Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, len, S.heads,
                                                     ws.attention, ws.attention_size);
       obs(site("attention", l, ph), {rows_of("dqkv", dqkv, rows, 3 * D)});
-      mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, param(g, param_kind::qkv, l), D);
-      obs(site("qkv/dw", l, ph, param_kind::qkv), {grad(g, param_kind::qkv, l)});
+      if constexpr (trains(param_kind::qkv)) {
+        mm(ws, true, false, 3 * D, D, rows, 1.0, dqkv, 3 * D, a.ln1, D, 1.0, gparam(g, param_kind::qkv, l), D);
+        obs(site("qkv/dw", l, ph, param_kind::qkv), {grad(g, param_kind::qkv, l)});
+      }
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
       obs(site("qkv/dx", l, ph, param_kind::qkv), {rows_of("dln1", dh, rows, D)});
-      Backend::layernorm_bwd(dx, param(g, param_kind::norm1_weight, l), param(g, param_kind::norm1_bias, l), dh,
+      Backend::layernorm_bwd(dx, gparam(g, param_kind::norm1_weight, l), gparam(g, param_kind::norm1_bias, l), dh,
                              a.x_in, a.ln1_mean, a.ln1_rstd, param(p, param_kind::norm1_weight, l), rows, D);
       obs(site("ln1", l, ph, param_kind::norm1_weight, 2),
           {rows_of("dx", dx, rows, D), grad(g, param_kind::norm1_weight, l), grad(g, param_kind::norm1_bias, l)});
-      ready(params::at(param_kind::norm1_weight, l, -1).offset);
+      ready(final_from(param_kind::norm1_weight, l));
     }
     G* dtables[K];
-    for (int k = 0; k < K; ++k) dtables[k] = param(g, param_kind::embedding, -1, k);
+    for (int k = 0; k < K; ++k) dtables[k] = trains(param_kind::embedding) ? gparam(g, param_kind::embedding, -1, k) : nullptr;
     if constexpr (prepended) {
       // the prepended rows' gradient into dcond, the token rows' into dh (free: the first layer's
       // LayerNorm backward consumed it), so no embedding table sees a condition row
       Backend::prepend_rows_bwd(cd.dcond, dh, dx, batch, LC, steps, D);
       obs(site("prepend", -1, ph), {seen::of("dcondition", cd.dcond, batch * LC, D, row_space::conditions)});
-      Backend::embedding_bwd(dtables, dh, seq, batch, K, steps, D);
-    } else {
+      if constexpr (trains(param_kind::embedding)) Backend::embedding_bwd(dtables, dh, seq, batch, K, steps, D);
+    } else if constexpr (trains(param_kind::embedding)) {
       Backend::embedding_bwd(dtables, dx, seq, batch, K, steps, D);
     }
-    {
+    if constexpr (trains(param_kind::embedding)) {
       seen tables[K];
       for (int k = 0; k < K; ++k) tables[k] = grad(g, param_kind::embedding, -1, k);
       obs(op_site{"embedding", -1, -1, ph, {param_kind::embedding, -1, 0}, K}, std::span<const seen>(tables, K));
@@ -474,8 +501,9 @@ struct transformer {
       Backend::add_rows(cd.dcond, cd.csum, batch, LC, D);
       obs(site("condition_sum", -1, ph), {seen::of("dcondition", cd.dcond, batch * LC, D, row_space::conditions)});
     }
-    ready(params::at(param_kind::embedding, -1, 0).offset);
-    if constexpr (conditioned) encode_conditions_bwd(p, g, cd, batch, ws, obs);
+    ready(final_from(param_kind::embedding, -1, 0));
+    // frozen conditions: nothing before them needs their gradient
+    if constexpr (conditioned && trains(param_kind::cond_proj)) encode_conditions_bwd(p, g, cd, batch, ws, obs);
     ready(0);
   }
 
@@ -491,10 +519,13 @@ struct transformer {
     A* dh = scratch.dh;
     A* dq = scratch.dffn;
     const W* wq = param(p, param_kind::cross_qkv, l);
-    G* gq = param(g, param_kind::cross_qkv, l);
+    constexpr bool trained = trains(param_kind::cross_qkv);
+    G* gq = trained ? gparam(g, param_kind::cross_qkv, l) : nullptr;
     const A* kv = cd.kv + l * crow * 2 * D;
-    mm(ws, true, false, D, D, rows, 1.0, scratch.dx, D, a.attc, D, 1.0, param(g, param_kind::cross_out, l), D);
-    obs(site("cross_out/dw", l, ph, param_kind::cross_out), {grad(g, param_kind::cross_out, l)});
+    if constexpr (trained) {
+      mm(ws, true, false, D, D, rows, 1.0, scratch.dx, D, a.attc, D, 1.0, gparam(g, param_kind::cross_out, l), D);
+      obs(site("cross_out/dw", l, ph, param_kind::cross_out), {grad(g, param_kind::cross_out, l)});
+    }
     mm(ws, false, false, rows, D, D, 1.0, scratch.dx, D, param(p, param_kind::cross_out, l), D, 0.0, dh, D);
     obs(site("cross_out/dx", l, ph, param_kind::cross_out), {rows_of("dattc", dh, rows, D)});
     Backend::template cross_attention_bwd<S.head_dim()>(dq, cd.dkv, dh, a.qc, kv, a.attc_lse,
@@ -502,16 +533,18 @@ struct transformer {
                                                         steps, LC, S.heads, D, ws.attention, ws.attention_size);
     obs(site("cross_attention", l, ph),
         {rows_of("dqc", dq, rows, D), seen::of("dcross_kv", cd.dkv, crow, 2 * D, row_space::conditions)});
-    mm(ws, true, false, D, D, rows, 1.0, dq, D, a.lnc, D, 1.0, gq, D);
-    mm(ws, true, false, 2 * D, D, crow, 1.0, cd.dkv, 2 * D, cd.cond, D, 1.0, gq + D * D, D);
-    obs(site("cross_qkv/dw", l, ph, param_kind::cross_qkv), {grad(g, param_kind::cross_qkv, l)});
+    if constexpr (trained) {
+      mm(ws, true, false, D, D, rows, 1.0, dq, D, a.lnc, D, 1.0, gq, D);
+      mm(ws, true, false, 2 * D, D, crow, 1.0, cd.dkv, 2 * D, cd.cond, D, 1.0, gq + D * D, D);
+      obs(site("cross_qkv/dw", l, ph, param_kind::cross_qkv), {grad(g, param_kind::cross_qkv, l)});
+    }
     mm(ws, false, false, crow, D, 2 * D, 1.0, cd.dkv, 2 * D, wq + D * D, D, 1.0, cd.dcond, D);
     obs(site("cross_kv/dx", l, ph, param_kind::cross_qkv),
         {seen::of("dcondition", cd.dcond, crow, D, row_space::conditions)});
     mm(ws, false, false, rows, D, D, 1.0, dq, D, wq, D, 0.0, dh, D);
     obs(site("cross_q/dx", l, ph, param_kind::cross_qkv), {rows_of("dlnc", dh, rows, D)});
-    Backend::layernorm_bwd(scratch.dx, param(g, param_kind::norm_cross_weight, l),
-                           param(g, param_kind::norm_cross_bias, l), dh, a.x_sa, a.lnc_mean, a.lnc_rstd,
+    Backend::layernorm_bwd(scratch.dx, gparam(g, param_kind::norm_cross_weight, l),
+                           gparam(g, param_kind::norm_cross_bias, l), dh, a.x_sa, a.lnc_mean, a.lnc_rstd,
                            param(p, param_kind::norm_cross_weight, l), rows, D);
     obs(site("norm_cross", l, ph, param_kind::norm_cross_weight, 2),
         {rows_of("dx", scratch.dx, rows, D), grad(g, param_kind::norm_cross_weight, l),

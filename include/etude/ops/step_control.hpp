@@ -89,11 +89,12 @@ struct step_scalars {
 };
 
 // What a step leaves for the host to read after it.
-template <int N>
+template <int N, int Runs = 1>
 struct step_results {
   double loss[N];          // summed cross-entropy of (microbatch, codebook); evaluation: codebook k at k
   double global_loss[N];   // data parallelism: loss summed over ranks (what the decision reads)
   std::int64_t refusal;    // data parallelism with sharded optimiser state: share_refusal's value
+  std::int64_t run_refusal[Runs];  // frozen parameters: share_refusal's value after each run's check
   step_decision decision;
 };
 

@@ -186,7 +186,6 @@ class gradient_diagnostics {
   void read_gradients(const Trainer& trainer, double scale) {
     using params = typename Trainer::params;
     init<params>();
-    const auto g = trainer.gradients();
     const auto w = trainer.parameters();
     // a copy in the masters' precision where that is float (every policy but fp64)
     const bool exact = !std::is_same_v<std::remove_cv_t<typename decltype(w)::element_type>, float>;
@@ -202,10 +201,14 @@ class gradient_diagnostics {
       const param_desc& p = params::entries[t];
       double ss = 0, ws = 0;
       index_t zeros = 0;
+      // a frozen tensor (config/trainable.hpp) has no gradient: norm 0, and never dead
+      const auto gp = trainer.gradient(p);
       for (index_t i = p.offset; i < p.offset + p.numel(); ++i) {
-        const double x = detail::as_double(g[static_cast<std::size_t>(i)]);
-        ss += x * x;
-        if (x == 0.0) ++zeros;
+        if (!gp.empty()) {
+          const double x = detail::as_double(gp[static_cast<std::size_t>(i - p.offset)]);
+          ss += x * x;
+          if (x == 0.0) ++zeros;
+        }
         const double v = detail::as_double(w[static_cast<std::size_t>(i)]);
         ws += v * v;
         if (exact) before_exact_[static_cast<std::size_t>(i)] = v;

@@ -99,7 +99,7 @@ struct step_workspace {
   using model = typename Config::model;
   using policy = typename Config::precision;
   static constexpr shape S = model::shape;
-  using net = transformer<model, Backend, policy, typename Config::checkpointing>;
+  using net = transformer<model, Backend, policy, typename Config::checkpointing, typename Config::trainable>;
   using F = typename policy::compute_t;
   static constexpr bool staged = !std::is_same_v<typename policy::activation_t, F>;
 
@@ -147,6 +147,11 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   using policy = typename Config::precision;
   constexpr shape S = model::shape;
   constexpr index_t P = model::params::total_elements;
+  // what trains (config/trainable.hpp): gradients and moments cover those tensors only, and a frozen
+  // LayerNorm's parameter gradients go to a sink of 2·dim
+  using layout = trainable_layout<typename model::params, typename Config::trainable>;
+  constexpr index_t PT = layout::total_elements;
+  constexpr index_t PG = PT + (layout::sinks_norms ? detail::align16(2 * S.dim) : 0);
   constexpr int K = S.codebooks;
   constexpr auto size = [](auto t) { return static_cast<index_t>(sizeof(t)); };
   const index_t steps = model::pattern::steps(K, frames);
@@ -160,9 +165,9 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   p.accumulation = Config::microbatches;
   p.parameters = P * size(typename policy::param_t{});
   p.master = policy::has_master ? P * size(typename policy::master_t{}) : 0;
-  p.gradients = (Config::microbatches > 1 ? 2 : 1) * P * size(typename policy::grad_t{});
+  p.gradients = (Config::microbatches > 1 ? 2 : 1) * PG * size(typename policy::grad_t{});
   // rank 0's shard is the largest
-  const partition shards{P, options.zero1 ? options.world_size : 1};
+  const partition shards{PT, options.zero1 ? options.world_size : 1};
   p.optimizer_states = Config::optimizer::state_tensors * shards.size(0) * size(typename policy::state_t{});
   p.ema = options.ema ? P * size(float{}) : 0;
   p.activations = ws.saved + ws.cond_saved;
@@ -176,10 +181,10 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   // (the positions table covers the prepended rows too)
   p.temporaries = ws.work + ws.scratch + ws.cond_scratch + ws.attention + ws.gemm +
                   step_workspace<Config, Backend>::net::positions(steps) * S.dim * size(typename policy::compute_t{});
-  const partition owners{P, options.world_size};
+  const partition owners{PT, options.world_size};
   using wire_t = typename policy::comm_t;
   if (options.world_size > 1) {
-    if constexpr (!std::is_same_v<wire_t, typename policy::grad_t>) p.communication += P * size(wire_t{});
+    if constexpr (!std::is_same_v<wire_t, typename policy::grad_t>) p.communication += PT * size(wire_t{});
     if constexpr (requires { requires Backend::host_memory; }) p.communication += (options.world_size - 1) * owners.size(0) * size(wire_t{});
   }
   p.reserve = Backend::reserve_bytes;

@@ -62,7 +62,10 @@ class trainer {
   using policy = typename Config::precision;
   using checkpointing = typename Config::checkpointing;
   using optimizer = typename Config::optimizer;
-  using net = transformer<model, Backend, policy, checkpointing>;
+  using trainable = typename Config::trainable;
+  using net = transformer<model, Backend, policy, checkpointing, trainable>;
+  // where the gradients and the optimiser's state of what trains live (model/trainable_layout.hpp)
+  using grad_layout = trainable_layout<params, trainable>;
   using workspace_layout = step_workspace<Config, Backend>;
   using executor = step_executor_of<Backend>;  // ops/step_executor.hpp
   static_assert(step_executor<executor>, "the backend's step_executor_for names a type that is not a step executor");
@@ -70,6 +73,10 @@ class trainer {
   static constexpr int K = S.codebooks;
   static constexpr int microbatches = Config::microbatches;
   static constexpr index_t P = params::total_elements;
+  // the trainable tensors' packed elements (P under train_all): gradients and optimiser state
+  static constexpr index_t PT = grad_layout::total_elements;
+  // the gradient buffers: PT, and the sink of frozen LayerNorms' parameter gradients (2·dim)
+  static constexpr index_t PG = PT + (grad_layout::sinks_norms ? detail::align16(2 * model::shape.dim) : 0);
   static constexpr int optimizer_state_count = optimizer::state_tensors;
   using value_type = typename policy::master_t;  // the weights the optimiser updates
   using state_type = typename policy::state_t;
@@ -103,7 +110,7 @@ class trainer {
   void distribute(const data_parallel& dp);
   const data_parallel& parallel() const { return dp_; }
   // The optimiser-state shards: partition{P, world size} under zero1, the whole otherwise.
-  partition shards() const { return dp_.zero1 ? partition{P, dp_.size()} : partition{P, 1}; }
+  partition shards() const { return dp_.zero1 ? partition{PT, dp_.size()} : partition{PT, 1}; }
   int shard_rank() const { return dp_.zero1 ? dp_.rank() : 0; }
 
   // One optimiser update from a batch of B = microbatches · b examples.
@@ -165,14 +172,23 @@ class trainer {
     working_stale_ = true;
     return master_.host_mutable(exec_);
   }
-  std::span<const grad_type> gradients() const { return grads_.host(exec_); }
+  // The gradients and the optimiser's state are packed over the trainable tensors
+  // (grad_layout; the table's own layout under train_all): gradient(p) and state_offset(p) find a
+  // tensor there, a frozen tensor has none (an empty span, −1).
+  std::span<const grad_type> gradients() const { return grads_.host(exec_).first(static_cast<std::size_t>(PT)); }
   std::span<state_type> optimizer_state(int i) { return states_[check_slot(i)].host_mutable(exec_); }
   std::span<const state_type> optimizer_state(int i) const { return states_[check_slot(i)].host(exec_); }
   std::span<const value_type> tensor(const param_desc& p) const { return parameters().subspan(p.offset, p.numel()); }
   std::span<value_type> tensor_for_write(const param_desc& p) {
     return parameters_for_write().subspan(p.offset, p.numel());
   }
-  std::span<const grad_type> gradient(const param_desc& p) const { return gradients().subspan(p.offset, p.numel()); }
+  std::span<const grad_type> gradient(const param_desc& p) const {
+    const index_t at = grad_layout::offset_of(p);
+    if (at < 0) return {};
+    return gradients().subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(p.numel()));
+  }
+  static constexpr index_t state_offset(const param_desc& p) { return grad_layout::offset_of(p); }
+  static constexpr bool trains(const param_desc& p) { return grad_layout::offset_of(p) >= 0; }
   // The weights as the passes read them (the rounded working copy under mixed policies).
   std::span<const param_type> working_parameters();
   long steps_done() const { return step_; }
@@ -220,7 +236,7 @@ class trainer {
  private:
   static constexpr int N = microbatches * K;
   using scalars_t = step_scalars<optimizer, N, compute_type>;
-  using results_t = step_results<N>;
+  using results_t = step_results<N, static_cast<int>(grad_layout::run_count)>;
   using control_t = typename executor::template control<scalars_t, results_t>;
 
   double next_ema_count() const { return ema_count_ * hyper_.ema_decay + 1.0; }
@@ -361,11 +377,11 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
   [[maybe_unused]] const auto guard = exec_.enter();
   master_.allocate(exec_, P);
   if constexpr (policy::has_master) working_.allocate(exec_, P);
-  grads_.allocate(exec_, P);
+  grads_.allocate(exec_, PG);
   // each microbatch's gradients are summed into the step's as a rank's would be, so N microbatches
   // equal N ranks bit for bit (train/communicator.hpp)
-  if constexpr (microbatches > 1) micro_grads_.allocate(exec_, P);
-  for (auto& s : states_) s.allocate(exec_, P);
+  if constexpr (microbatches > 1) micro_grads_.allocate(exec_, PG);
+  for (auto& s : states_) s.allocate(exec_, PT);
   if (has_ema()) ema_.allocate(exec_, P);
   scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
   detail::initialise_parameters<params>(master_.host_mutable(exec_).data(), h.seed);
@@ -394,6 +410,10 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
                            (executor::host_resident ? "host" : "device") +
                            " memory; use the MPI communicator with the CPU backend and NCCL with CUDA");
   if (step_ != 0) throw invalid_argument(who + ": call it before the first step or restore");
+  if (dp.zero1 && !grad_layout::all)
+    throw invalid_argument(who + ": zero1 with frozen parameters (" + trainable::describe() +
+                           "<...>) is not supported yet; train without zero1 (the frozen tensors already have no "
+                           "optimiser state)");
   // zero1 and the buckets decide which collectives a step calls: a rank that differs would leave the
   // others waiting in a collective it never calls, or send its data into another one. Every rank
   // sees every rank's settings, so all refuse together.
@@ -422,10 +442,10 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
       std::copy(kept.begin(), kept.end(), s.host_mutable(exec_).begin());
     }
   }
-  if constexpr (compressed) wire_ = typename executor::template buffer<wire_type>(P);
+  if constexpr (compressed) wire_ = typename executor::template buffer<wire_type>(PT);
   // the gradient norm's blocks under zero1 on the host, sized here so that the step allocates nothing
   if constexpr (requires { Backend::sum_squares_block; })
-    if (dp.zero1) block_sums_.assign(static_cast<std::size_t>((P + Backend::sum_squares_block - 1) / Backend::sum_squares_block), 0.0);
+    if (dp.zero1) block_sums_.assign(static_cast<std::size_t>((PT + Backend::sum_squares_block - 1) / Backend::sum_squares_block), 0.0);
   if constexpr (!executor::host_resident) {
     // a device communicator orders its collectives after the step's work on the step's stream
     static_assert(requires(executor& e) { e.context().stream(); },
@@ -457,7 +477,14 @@ step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_obs
     // finite gradients whose update would overflow: the check skipped the update and the step
     // cleared the gradients; a smaller loss scale would not help (the update sees unscaled
     // gradients), so the scaler keeps its state too
-    throw refused_update(d.refused, st.lr);
+    index_t key = d.refused;
+    if constexpr (!grad_layout::all) {
+      // each run's check kept its refusal with the run's place: the largest is the first refused value
+      std::int64_t first = refused_none;
+      for (const std::int64_t v : control_.host_results().run_refusal) first = std::max(first, v);
+      if (first != refused_none) key = static_cast<index_t>(no_refusal_key - first);
+    }
+    throw refused_update(key, st.lr);
   }
   if (d.status != 0) {
     if constexpr (policy::loss_scaled) {
@@ -472,7 +499,7 @@ step_stats trainer<Config, Backend>::step_with(const batch_view& batch, step_obs
     // the step skipped the update and kept the gradients for this report
     const std::string where = first_non_finite_gradient();
     const bool loss = (d.status & step_loss_not_finite) != 0;
-    Backend::fill_zero(grads_.device(), P);
+    Backend::fill_zero(grads_.device(), PG);
     grads_.device_changed();
     std::string origin;
     if (locate_) {
@@ -527,7 +554,7 @@ std::optional<non_finite_origin> trainer<Config, Backend>::locate_non_finite(con
     throw;
   }
   local_ = false;
-  Backend::fill_zero(grads_.device(), P);
+  Backend::fill_zero(grads_.device(), PG);
   grads_.device_changed();
   return locator.origin();
 }

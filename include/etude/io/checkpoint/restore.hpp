@@ -141,7 +141,9 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
     const int rank = detail::shard_rank_of(t);
     std::vector<std::string> names;
     for (int k = 0; k < slots; ++k) names.emplace_back(detail::slot_name<Trainer>(k));
-    auto state = read_optimizer_range(c, places_of<params>(), params::total_elements, names, part.begin(rank), part.end(rank));
+    using layout = typename detail::layout_of<Trainer>::type;
+    auto state = read_optimizer_range(c, places_of<params, layout>(), layout::total_elements, names, part.begin(rank),
+                                      part.end(rank));
     if (slots > 0) s.state1 = std::move(state[0]);
     if (slots > 1) s.state2 = std::move(state[1]);
     const json& st = c.state();

@@ -26,6 +26,7 @@
 #include "etude/io/checkpoint/detail/trainer_view.hpp"
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
+#include "etude/model/trainable_layout.hpp"
 #include "etude/train/communicator.hpp"
 #include "etude/version.hpp"
 
@@ -142,10 +143,14 @@ struct tensor_place {
   index_t offset = 0, numel = 0;
 };
 
-template <class Params>
+// Under a selection of what trains (Layout: model/trainable_layout.hpp) the state is packed over the
+// trainable tensors, and a frozen tensor has none.
+template <class Params, class Layout = trainable_layout<Params, train_all>>
 std::vector<tensor_place> places_of() {
   std::vector<tensor_place> out;
-  for (const param_desc& p : Params::entries) out.push_back({param_name(p), p.offset, p.numel()});
+  for (std::size_t i = 0; i < Params::count; ++i)
+    if (Layout::offsets[i] >= 0)
+      out.push_back({param_name(Params::entries[i]), Layout::offsets[i], Params::entries[i].numel()});
   return out;
 }
 

@@ -33,7 +33,7 @@ struct checkpoint_snapshot {
   std::vector<std::string> names;       // parameter names, table order
   std::vector<std::uint64_t> rows, cols;
   std::vector<std::vector<float>> params;                // per tensor
-  std::vector<std::vector<std::vector<float>>> slots;    // [slot][tensor]
+  std::vector<std::vector<std::vector<float>>> slots;    // [slot][tensor]; empty for a frozen tensor
   std::vector<std::string> slot_names;                   // the optimiser's state names
   std::vector<std::vector<float>> ema;                   // per tensor; empty without an EMA
   json state;
@@ -70,8 +70,12 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
         if (const auto bad = detail::first_non_finite(e)) throw refuse("the EMA of " + s.names.back(), *bad);
         s.ema.emplace_back(e.begin(), e.end());
       }
-    for (int k = 0; k < slots; ++k) {
-      const auto st = t.optimizer_state(k).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()));
+    // a frozen tensor (config/trainable.hpp) has no optimiser state: an empty entry, not written
+    const index_t at = detail::state_offset_of<Trainer>(p);
+    if (at < 0)
+      for (int k = 0; k < slots; ++k) s.slots[static_cast<std::size_t>(k)].emplace_back();
+    for (int k = 0; k < (at >= 0 ? slots : 0); ++k) {
+      const auto st = t.optimizer_state(k).subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(p.numel()));
       auto& out = s.slots[static_cast<std::size_t>(k)].emplace_back(st.size());
       for (std::size_t i = 0; i < st.size(); ++i) out[i] = etude::convert<float>(st[i]);
       if (const auto bad = detail::first_non_finite(std::span<const float>(out)))
@@ -92,7 +96,8 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   st["code_version"] = code_version();
   st["etude_version"] = version_string;
   st["extra"] = rs.extra;
-  if (!s.ema.empty()) st["ema"] = {{"count", t.ema_count()}};
+  if constexpr (requires { t.ema_count(); })
+    if (!s.ema.empty()) st["ema"] = {{"count", t.ema_count()}};
   st["wall_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   s.state = std::move(st);
   return s;
@@ -107,7 +112,8 @@ inline safetensors_writer snapshot_tensors(const checkpoint_snapshot& s) {
     std::vector<std::uint64_t> shape = s.rows[i] == 1 ? std::vector<std::uint64_t>{s.cols[i]}
                                                      : std::vector<std::uint64_t>{s.rows[i], s.cols[i]};
     w.add("model." + s.names[i], s.params[i], shape);
-    for (std::size_t k = 0; k < s.slots.size(); ++k) w.add("optim." + s.slot_names[k] + "." + s.names[i], s.slots[k][i], shape);
+    for (std::size_t k = 0; k < s.slots.size(); ++k)
+      if (!s.slots[k][i].empty()) w.add("optim." + s.slot_names[k] + "." + s.names[i], s.slots[k][i], shape);
     if (!s.ema.empty()) w.add("ema." + s.names[i], s.ema[i], shape);
   }
   return w;

@@ -23,8 +23,8 @@ struct trainer<Config, Backend>::gradient_flow {
   wire_type* wire;        // the policy's communication dtype, when it is not the gradients'
   partition owners;
   index_t bucket;
-  index_t added = P;  // [added, P) is in grads
-  index_t sent = P;   // [sent, P) is being reduced
+  index_t added = PT;  // [added, PT) is in grads (packed over what trains)
+  index_t sent = PT;   // [sent, PT) is being reduced
   void operator()(index_t offset) {
     if (micro != nullptr) {
       Backend::accumulate(grads + offset, micro + offset, added - offset);

@@ -61,7 +61,7 @@ non_finite trainer<Config, Backend>::refused_update(index_t key, double lr) cons
 template <class Config, class Backend>
 std::string trainer<Config, Backend>::first_non_finite_gradient() const {
   for (const param_desc& p : params::entries)
-    if (!Backend::all_finite(grads_.device() + p.offset, p.numel())) return "gradient of " + param_name(p);
+    if (trains(p) && !Backend::all_finite(grads_.device() + state_offset(p), p.numel())) return "gradient of " + param_name(p);
   return {};
 }
 

@@ -48,7 +48,7 @@ void trainer<Config, Backend>::restore(long step, std::span<const value_type> pa
   std::copy(params.begin(), params.end(), master_.host_mutable(exec_).begin());
   std::copy(state1.begin(), state1.end(), states_[0].host_mutable(exec_).begin());
   if constexpr (optimizer_state_count > 1) std::copy(state2.begin(), state2.end(), states_[1].host_mutable(exec_).begin());
-  Backend::fill_zero(grads_.device(), P);
+  Backend::fill_zero(grads_.device(), PG);
   grads_.device_changed();
   step_ = step;
   working_stale_ = true;

@@ -30,9 +30,9 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   grad_type* micro = micro_grads_.device();
   communicator* comm = this->comm();
   auto step_op = [&](const char* op) { obs({op, -1, -1, pass_phase::step, {}, 0}); };
-  const partition owners{P, dp_.size()};  // who sums which gradients (and, under zero1, updates them)
+  const partition owners{PT, dp_.size()};  // who sums which gradients (and, under zero1, updates them)
   const auto bucket = std::max<index_t>(1, static_cast<index_t>(dp_.bucket_bytes / sizeof(grad_type)));
-  Backend::fill_zero(grads, P);
+  Backend::fill_zero(grads, PG);
   step_op("clear_gradients");
   const microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
@@ -40,7 +40,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     obs.begin({m, nb, dp_.rank() * nb * microbatches + m * nb, steps, net::positions(steps), net::prefix,
                model::conditions::positions, S.heads});
     if (m > 0) {
-      Backend::fill_zero(micro, P);
+      Backend::fill_zero(micro, PG);
       step_op("clear_gradients");
     }
     exec_.load(slot, m, reinterpret_cast<std::byte*>(w.seq), sz.inputs());
@@ -60,7 +60,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     comm->reduce_wait();
     if constexpr (compressed) {
       // the sums, rounded to the wire's dtype, back into the gradients (all of them, or this shard)
-      const index_t from = sharded ? owners.begin(dp_.rank()) : 0, count = sharded ? owners.size(dp_.rank()) : P;
+      const index_t from = sharded ? owners.begin(dp_.rank()) : 0, count = sharded ? owners.size(dp_.rank()) : PT;
       if (!sharded) comm->allgather(wire_.data(), comm_type_of<wire_type>(), owners, "reduced gradients");
       Backend::copy(grads + from, static_cast<const wire_type*>(wire_.data() + from), count);
     } else {
@@ -72,15 +72,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     step_op("gradient_reduction");
   }
   const partition sh = shards();
-  const index_t lo = sharded ? sh.begin(dp_.rank()) : 0, n = sharded ? sh.size(dp_.rank()) : P;
+  const index_t lo = sharded ? sh.begin(dp_.rank()) : 0, n = sharded ? sh.size(dp_.rank()) : PT;
   if (!sharded) {
-    Backend::sum_squares(grads, P, &r->decision.sum_squares);
+    Backend::sum_squares(grads, PT, &r->decision.sum_squares);
   } else if constexpr (executor::host_resident &&
                        requires(double* out) { Backend::sum_squares_blocks(grads, n, out); }) {
     // the blocks of every rank added in order: the bits of one process's sum (backend/cpu/reduce.hpp)
     constexpr index_t block = Backend::sum_squares_block;
     static_assert(partition{}.align % block == 0, "shards must start on a block of the sum of squares");
-    const partition blocks{(P + block - 1) / block, dp_.size(), partition{}.align / block};
+    const partition blocks{(PT + block - 1) / block, dp_.size(), partition{}.align / block};
     Backend::sum_squares_blocks(grads + lo, n, block_sums_.data() + lo / block);
     comm->allgather(block_sums_.data(), comm_type::f64, blocks, "gradient norm");
     double total = 0.0;
@@ -100,23 +100,48 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     state_type* state[optimizer_state_count];
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
     value_type* master = master_.device() + lo;
-    // an update from finite gradients that would overflow is refused here, before it writes; from
-    // the range the last update stored where nothing has written the weights or states since (a
-    // host struct, so only where the ops run on the host)
-    if (state_host_writes() != range_writes_) stored_range_.known = false;
-    optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
-                                       state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working),
-                                       executor::host_resident ? &stored_range_ : nullptr);
-    step_op("update_check");
-    if (sharded) {
-      // each rank checked its shard: every rank skips if one refuses, and names the same value
-      Backend::share_refusal(&r->decision, lo, &r->refusal);
-      comm->allreduce_max(&r->refusal, 1, "update check");
-      Backend::take_refusal(&r->decision, &r->refusal);
+    if constexpr (grad_layout::all) {
+      // an update from finite gradients that would overflow is refused here, before it writes; from
+      // the range the last update stored where nothing has written the weights or states since (a
+      // host struct, so only where the ops run on the host)
+      if (state_host_writes() != range_writes_) stored_range_.known = false;
+      optimizer::template check<Backend>(static_cast<const value_type*>(master), static_cast<const grad_type*>(grads + lo),
+                                         state, n, &c->optimizer, &r->decision, static_cast<const param_type*>(working),
+                                         executor::host_resident ? &stored_range_ : nullptr);
+      step_op("update_check");
+      if (sharded) {
+        // each rank checked its shard: every rank skips if one refuses, and names the same value
+        Backend::share_refusal(&r->decision, lo, &r->refusal);
+        comm->allreduce_max(&r->refusal, 1, "update check");
+        Backend::take_refusal(&r->decision, &r->refusal);
+      }
+      optimizer::template update<Backend>(master, grads + lo, state, n, &c->optimizer, &r->decision.grad_scale,
+                                          &r->decision.skip, working,
+                                          executor::host_resident ? &stored_range_ : nullptr);
+    } else {
+      // frozen parameters: the weights of each run of trainable tensors against their packed
+      // gradients and state. Each run's check is kept with the run's place (the first refusal's
+      // weight is then named by step_with), and once one refuses the later ones skip.
+      for (std::size_t k = 0; k < grad_layout::run_count; ++k) {
+        const auto& run = grad_layout::runs[k];
+        state_type* st[optimizer_state_count];
+        for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
+        optimizer::template check<Backend>(static_cast<const value_type*>(master + run.weights),
+                                           static_cast<const grad_type*>(grads + run.packed), st, run.length,
+                                           &c->optimizer, &r->decision,
+                                           static_cast<const param_type*>(working ? working + run.weights : nullptr));
+        Backend::share_refusal(&r->decision, run.weights, &r->run_refusal[k]);
+      }
+      step_op("update_check");
+      for (std::size_t k = 0; k < grad_layout::run_count; ++k) {
+        const auto& run = grad_layout::runs[k];
+        state_type* st[optimizer_state_count];
+        for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
+        optimizer::template update<Backend>(master + run.weights, grads + run.packed, st, run.length, &c->optimizer,
+                                            &r->decision.grad_scale, &r->decision.skip,
+                                            working ? working + run.weights : nullptr);
+      }
     }
-    optimizer::template update<Backend>(master, grads + lo, state, n, &c->optimizer, &r->decision.grad_scale,
-                                        &r->decision.skip, working,
-                                        executor::host_resident ? &stored_range_ : nullptr);
     range_writes_ = state_host_writes();
     step_op(optimizer::name);
     if (sharded) {
@@ -131,7 +156,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
                           &r->decision.skip);
       step_op("ema_update");
     }
-    Backend::clear_unless(grads, P, &r->decision.keep);
+    Backend::clear_unless(grads, PG, &r->decision.keep);
     step_op("clear_gradients");
   }
   control_.end();

@@ -15,6 +15,7 @@
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/params.hpp"
+#include "etude/model/trainable_layout.hpp"
 #include "etude/train/communicator.hpp"
 
 namespace etude::io {
@@ -55,6 +56,22 @@ std::string element_name(index_t at) {
   for (const param_desc& p : Params::entries)
     if (at >= p.offset && at < p.offset + p.numel()) return param_name(p) + " (element " + std::to_string(at - p.offset) + ")";
   return "the padding after a tensor (flat element " + std::to_string(at) + ")";
+}
+
+// Where the optimiser state of a tensor lies (model/trainable_layout.hpp: packed over what trains;
+// −1 for a frozen tensor), and the layout itself: the table's own for a trainer without one.
+template <class Trainer>
+struct layout_of {
+  using type = trainable_layout<typename Trainer::params, train_all>;
+};
+template <class Trainer>
+  requires requires { typename Trainer::grad_layout; }
+struct layout_of<Trainer> {
+  using type = typename Trainer::grad_layout;
+};
+template <class Trainer>
+constexpr index_t state_offset_of(const param_desc& p) {
+  return layout_of<Trainer>::type::offset_of(p);
 }
 
 template <class Trainer>
