@@ -9,11 +9,13 @@
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
 // against the same model without conditions, steps of the two interleaved so that load on a shared
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
+// `trainable` times tiny trained whole against tiny with frozen groups (config/trainable.hpp):
+// embeddings frozen, only self-attention trained, only the output trained; steps interleaved.
 // `tiny_long` is tiny with one 2048-frame sequence, the same B·T as tiny's 8 of 256: what long
 // sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
 // under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
 // each op kind's share of the step, attention's and the products' among them.
-//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|all] [--steps N]
+//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|all] [--steps N]
 //              [--precision fp32|bf16] [--profile]
 // `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
@@ -234,6 +236,60 @@ void bench_conditions(int steps) {
   std::fflush(stdout);
 }
 
+// `trainable`: tiny trained whole, with its embeddings frozen, with only self-attention trained and
+// with only the output trained (config/trainable.hpp), steps of the four interleaved, each with its
+// median step time, the trainer's measured peak and the plan's training state.
+template <class Precision>
+void bench_trainable(int steps) {
+  constexpr etude::shape tiny{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4};
+  using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
+  etude::hyper h;
+  h.lr = 1e-4;
+  h.warmup_steps = 0;
+  h.total_steps = 1000;
+  etude::cpu_trainer<etude::train_config<lm, Precision>> full{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision, etude::freeze<etude::group::embeddings>>> embeddings{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision, etude::train_only<etude::group::self_attention>>> attention{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision, etude::train_only<etude::group::output>>> output{h};
+  etude::token_batch b(8, tiny.codebooks, 256);
+  etude::rng r(1);
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
+  std::vector<double> times[4];
+  auto timed = [&](auto& tr, int i) {
+    const auto t0 = clock_type::now();
+    tr.step(b);
+    times[i].push_back(seconds_since(t0));
+  };
+  full.step(b);
+  embeddings.step(b);
+  attention.step(b);
+  output.step(b);
+  const auto load0 = etude_bench::sample_cpu();
+  for (int s = 0; s < steps; ++s) {
+    timed(full, 0);
+    timed(embeddings, 1);
+    timed(attention, 2);
+    timed(output, 3);
+  }
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  auto line = [&](const char* what, const auto& tr, int i) {
+    using T = std::remove_cvref_t<decltype(tr)>;
+    std::printf("{\"bench\": \"trainable\", \"precision\": \"%s\", \"trains\": \"%s\", \"ms_per_step\": %.1f, "
+                "\"vs_full\": %.3f, \"trainable_parameters\": %lld, \"peak_mib\": %.1f, \"plan_state_mib\": %.1f, "
+                "\"steps\": %d, \"threads\": %d, %s}\n",
+                etude::precision::name_of<Precision>().c_str(), what, median(times[i]) * 1e3,
+                median(times[i]) / median(times[0]), static_cast<long long>(T::grad_layout::parameter_count()),
+                static_cast<double>(tr.memory().peak_allocated) / 1048576.0,
+                static_cast<double>(T::plan(8, 256).state()) / 1048576.0, steps, etude::backend::cpu::threads(),
+                load.json().c_str());
+  };
+  line("all", full, 0);
+  line("freeze<embeddings>", embeddings, 1);
+  line("train_only<self_attention>", attention, 2);
+  line("train_only<output>", output, 3);
+  std::fflush(stdout);
+}
+
 template <class Precision>
 void bench_configs(const std::string& which, int steps) {
   if (which == "tiny" || which == "all")
@@ -273,6 +329,10 @@ int main(int argc, char** argv) {
   if (which == "cond") {
     if (precision == "fp32") bench_conditions<etude::precision::fp32>(steps);
     else bench_conditions<etude::precision::bf16>(steps);
+  }
+  if (which == "trainable") {
+    if (precision == "fp32") bench_trainable<etude::precision::fp32>(steps);
+    else bench_trainable<etude::precision::bf16>(steps);
   }
   return 0;
 }

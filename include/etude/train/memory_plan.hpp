@@ -164,7 +164,8 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   p.steps = steps;
   p.accumulation = Config::microbatches;
   p.parameters = P * size(typename policy::param_t{});
-  p.master = policy::has_master ? P * size(typename policy::master_t{}) : 0;
+  // under a mixed policy the master copy holds what trains (a frozen tensor's one copy is its working copy)
+  p.master = policy::has_master ? (layout::all ? P : PT) * size(typename policy::master_t{}) : 0;
   p.gradients = (Config::microbatches > 1 ? 2 : 1) * PG * size(typename policy::grad_t{});
   // rank 0's shard is the largest
   const partition shards{PT, options.zero1 ? options.world_size : 1};

@@ -77,6 +77,9 @@ class trainer {
   static constexpr index_t PT = grad_layout::total_elements;
   // the gradient buffers: PT, and the sink of frozen LayerNorms' parameter gradients (2·dim)
   static constexpr index_t PG = PT + (grad_layout::sinks_norms ? detail::align16(2 * model::shape.dim) : 0);
+  // a mixed policy with frozen groups keeps the fp32 master copy of what trains only, packed as the
+  // gradients are; the frozen tensors live in the working copy alone
+  static constexpr bool packed_master = policy::has_master && !grad_layout::all;
   static constexpr int optimizer_state_count = optimizer::state_tensors;
   using value_type = typename policy::master_t;  // the weights the optimiser updates
   using state_type = typename policy::state_t;
@@ -167,10 +170,23 @@ class trainer {
   // parameters() and tensor() are the master weights (the fp32 copy under mixed policies), for
   // reading. parameters_for_write() and tensor_for_write() are the same weights for writing: the
   // working copy is refreshed from them before the next pass (and, on a GPU, they are uploaded).
-  std::span<const value_type> parameters() const { return master_.host(exec_); }
+  // Under a mixed policy with frozen groups (config/trainable.hpp) the master copy holds only what
+  // trains (packed_master): these are then a view in table order, the frozen tensors read from
+  // their working copy (the one copy of them) and written back to it rounded, valid until the next
+  // pass.
+  std::span<const value_type> parameters() const {
+    if constexpr (packed_master) return canonical_view();
+    else return master_.host(exec_);
+  }
   std::span<value_type> parameters_for_write() {
     working_stale_ = true;
-    return master_.host_mutable(exec_);
+    if constexpr (packed_master) {
+      canonical_view();
+      view_written_ = true;
+      return view_;
+    } else {
+      return master_.host_mutable(exec_);
+    }
   }
   // The gradients and the optimiser's state are packed over the trainable tensors
   // (grad_layout; the table's own layout under train_all): gradient(p) and state_offset(p) find a
@@ -263,6 +279,10 @@ class trainer {
     else return master_.device();
   }
   void prepare_state();
+  // packed_master: the weights in table order on the host (the trainable from the master, the
+  // frozen widened from the working copy), and a table-order buffer put back into both
+  const std::vector<value_type>& canonical_view() const;
+  void scatter_weights(std::span<const value_type> table_order);
   // The EMA as the passes read it: the average itself where param_type is float, else rounded into
   // the working copy (refreshed from the master before the next pass) or a buffer of its own.
   const param_type* ema_weights(const char* who);
@@ -324,7 +344,10 @@ class trainer {
   long step_ = 0;
   detail::loss_scaler scaler_;
   bool working_stale_ = true;
-  detail::mirrored<executor, value_type> master_;   // the weights (the fp32 master copy under mixed policies)
+  detail::mirrored<executor, value_type> master_;   // the weights (the fp32 master copy under mixed policies;
+                                                    // packed over what trains under packed_master)
+  mutable std::vector<value_type> view_;            // packed_master: parameters() in table order
+  bool view_written_ = false;                       // parameters_for_write() handed view_ out
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
   detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
@@ -375,7 +398,7 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
   if constexpr (requires { Backend::template accepts<Config>(); }) static_assert(Backend::template accepts<Config>());
   detail::validate_hyper<Config>(h);
   [[maybe_unused]] const auto guard = exec_.enter();
-  master_.allocate(exec_, P);
+  master_.allocate(exec_, packed_master ? PT : P);
   if constexpr (policy::has_master) working_.allocate(exec_, P);
   grads_.allocate(exec_, PG);
   // each microbatch's gradients are summed into the step's as a rank's would be, so N microbatches
@@ -384,7 +407,13 @@ trainer<Config, Backend>::trainer(const hyper& h, int device) : hyper_(h), exec_
   for (auto& s : states_) s.allocate(exec_, PT);
   if (has_ema()) ema_.allocate(exec_, P);
   scaler_.scale = policy::loss_scaled ? h.loss_scale : 1.0;
-  detail::initialise_parameters<params>(master_.host_mutable(exec_).data(), h.seed);
+  if constexpr (packed_master) {
+    std::vector<value_type> initial(static_cast<std::size_t>(P));
+    detail::initialise_parameters<params>(initial.data(), h.seed);
+    scatter_weights(initial);
+  } else {
+    detail::initialise_parameters<params>(master_.host_mutable(exec_).data(), h.seed);
+  }
   reset_ema();
   prepare_state();
   note_memory(0);
@@ -430,6 +459,11 @@ void trainer<Config, Backend>::distribute(const data_parallel& dp) {
   // one seed gives every rank the same initial weights; rank 0's make sure of it
   std::span<value_type> w = master_.host_mutable(exec_);
   dp.comm->broadcast_host(w.data(), w.size_bytes(), 0, "initial parameters");
+  if constexpr (packed_master) {
+    // the frozen tensors' one copy is the working copy
+    std::span<param_type> frozen = working_.host_mutable(exec_);
+    dp.comm->broadcast_host(frozen.data(), frozen.size_bytes(), 0, "initial frozen parameters");
+  }
   working_stale_ = true;
   reset_ema();
   dp_ = dp;

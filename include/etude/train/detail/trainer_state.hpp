@@ -45,7 +45,8 @@ void trainer<Config, Backend>::restore(long step, std::span<const value_type> pa
                         " and buffers of " + std::to_string(params.size()) + ", " + std::to_string(state1.size()) +
                         ", " + std::to_string(state2.size()) + ": the checkpoint belongs to another model");
   [[maybe_unused]] const auto guard = exec_.enter();
-  std::copy(params.begin(), params.end(), master_.host_mutable(exec_).begin());
+  if constexpr (packed_master) scatter_weights(params);
+  else std::copy(params.begin(), params.end(), master_.host_mutable(exec_).begin());
   std::copy(state1.begin(), state1.end(), states_[0].host_mutable(exec_).begin());
   if constexpr (optimizer_state_count > 1) std::copy(state2.begin(), state2.end(), states_[1].host_mutable(exec_).begin());
   Backend::fill_zero(grads_.device(), PG);
@@ -75,7 +76,7 @@ template <class Config, class Backend>
 void trainer<Config, Backend>::reset_ema() {
   ema_count_ = 0.0;
   if (!has_ema()) return;
-  const auto w = master_.host(exec_);
+  const auto w = parameters();
   const auto e = ema_.host_mutable(exec_);
   for (std::size_t i = 0; i < e.size(); ++i) e[i] = static_cast<float>(w[i]);
 }
@@ -103,16 +104,67 @@ const typename trainer<Config, Backend>::param_type* trainer<Config, Backend>::e
 // Uploads what the host changed and refreshes the working copy from the master when stale.
 template <class Config, class Backend>
 void trainer<Config, Backend>::prepare_state() {
+  if constexpr (packed_master) {
+    // weights written through parameters_for_write() go back to the master and the working copy;
+    // the view is released (its spans were valid until this pass)
+    if (view_written_) {
+      const std::vector<value_type> written = std::move(view_);
+      scatter_weights(written);
+    }
+    view_written_ = false;
+    view_ = {};
+  }
   master_.sync_to_device(exec_);
+  working_.sync_to_device(exec_);
   for (auto& s : states_) s.sync_to_device(exec_);
   ema_.sync_to_device(exec_);
   if constexpr (policy::has_master) {
     if (working_stale_) {
-      Backend::copy(working_.device(), master_.device(), P);
+      if constexpr (packed_master) {
+        // the frozen tensors' working copy is their only copy: only what trains is refreshed
+        for (const auto& run : grad_layout::runs)
+          Backend::copy(working_.device() + run.weights, master_.device() + run.packed, run.length);
+      } else {
+        Backend::copy(working_.device(), master_.device(), P);
+      }
       working_.device_changed();
     }
   }
   working_stale_ = false;
+}
+
+template <class Config, class Backend>
+const std::vector<typename trainer<Config, Backend>::value_type>& trainer<Config, Backend>::canonical_view() const {
+  if (view_written_) return view_;  // writes not yet put back are the weights
+  const auto master = master_.host(exec_);
+  const auto working = working_.host(exec_);
+  view_.assign(static_cast<std::size_t>(P), value_type{});
+  for (std::size_t i = 0; i < params::count; ++i) {
+    const param_desc& p = params::entries[i];
+    const index_t at = grad_layout::offsets[i];
+    for (index_t j = 0; j < p.numel(); ++j)
+      view_[static_cast<std::size_t>(p.offset + j)] =
+          at >= 0 ? master[static_cast<std::size_t>(at + j)]
+                  : static_cast<value_type>(etude::convert<float>(working[static_cast<std::size_t>(p.offset + j)]));
+  }
+  return view_;
+}
+
+template <class Config, class Backend>
+void trainer<Config, Backend>::scatter_weights(std::span<const value_type> table_order) {
+  view_written_ = false;  // these weights replace whatever a view held
+  const auto master = master_.host_mutable(exec_);
+  const auto working = working_.host_mutable(exec_);
+  for (std::size_t i = 0; i < params::count; ++i) {
+    const param_desc& p = params::entries[i];
+    const index_t at = grad_layout::offsets[i];
+    for (index_t j = 0; j < p.numel(); ++j) {
+      const value_type v = table_order[static_cast<std::size_t>(p.offset + j)];
+      if (at >= 0) master[static_cast<std::size_t>(at + j)] = v;
+      else working[static_cast<std::size_t>(p.offset + j)] = etude::convert<param_type>(static_cast<float>(v));
+    }
+  }
+  working_stale_ = true;
 }
 
 template <class Config, class Backend>

@@ -120,13 +120,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
                                           executor::host_resident ? &stored_range_ : nullptr);
     } else {
       // frozen parameters: the weights of each run of trainable tensors against their packed
-      // gradients and state. Each run's check is kept with the run's place (the first refusal's
-      // weight is then named by step_with), and once one refuses the later ones skip.
+      // gradients and state (and packed master, under a mixed policy). Each run's check is kept
+      // with the run's place in the table (the first refusal's weight is then named by step_with),
+      // and once one refuses the later ones skip.
+      auto master_at = [&](const auto& run) { return master + (packed_master ? run.packed : run.weights); };
       for (std::size_t k = 0; k < grad_layout::run_count; ++k) {
         const auto& run = grad_layout::runs[k];
         state_type* st[optimizer_state_count];
         for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
-        optimizer::template check<Backend>(static_cast<const value_type*>(master + run.weights),
+        optimizer::template check<Backend>(static_cast<const value_type*>(master_at(run)),
                                            static_cast<const grad_type*>(grads + run.packed), st, run.length,
                                            &c->optimizer, &r->decision,
                                            static_cast<const param_type*>(working ? working + run.weights : nullptr));
@@ -137,7 +139,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
         const auto& run = grad_layout::runs[k];
         state_type* st[optimizer_state_count];
         for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
-        optimizer::template update<Backend>(master + run.weights, grads + run.packed, st, run.length, &c->optimizer,
+        optimizer::template update<Backend>(master_at(run), grads + run.packed, st, run.length, &c->optimizer,
                                             &r->decision.grad_scale, &r->decision.skip,
                                             working ? working + run.weights : nullptr);
       }
@@ -152,8 +154,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     if (sharded) step_op("gather_weights");
     if (has_ema()) {
       // every rank averages all the weights (gathered above under zero1): the same bits on each
-      Backend::ema_update(ema_.device(), static_cast<const value_type*>(master_.device()), P, &c->ema,
-                          &r->decision.skip);
+      if constexpr (packed_master) {
+        // the frozen tensors' average is their weights, which never move
+        for (const auto& run : grad_layout::runs)
+          Backend::ema_update(ema_.device() + run.weights, static_cast<const value_type*>(master_.device() + run.packed),
+                              run.length, &c->ema, &r->decision.skip);
+      } else {
+        Backend::ema_update(ema_.device(), static_cast<const value_type*>(master_.device()), P, &c->ema,
+                            &r->decision.skip);
+      }
       step_op("ema_update");
     }
     Backend::clear_unless(grads, PG, &r->decision.keep);
