@@ -1,0 +1,114 @@
+// Weights files in Hugging Face transformers' MusicGen names, in and out of a trainer: the file
+// level of io/hf_names.hpp. load_hf_weights reads a MusicgenForCausalLM's model.safetensors, or a
+// MusicgenForConditionalGeneration's (its decoder under "decoder.", enc_to_dec_proj beside it; the
+// text and audio encoders are left alone), into the trainer's weights; save_hf_weights writes the
+// trainer's weights (or their EMA) under those names, for transformers' from_pretrained beside the
+// model's config.json. Fine-tuning starts from the first and hands its result back with the second.
+// Not for: etude's own names (io/checkpoint/weights.hpp: save_weights, load_weights).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "etude/core/dtype.hpp"
+#include "etude/io/checkpoint/weights.hpp"
+#include "etude/io/hf_names.hpp"
+#include "etude/io/safetensors.hpp"
+#include "etude/train/stats.hpp"
+
+namespace etude::io {
+
+// Whether a safetensors file's names are Hugging Face MusicGen's, and under which prefix: "" for a
+// MusicgenForCausalLM, "decoder." for a MusicgenForConditionalGeneration; nothing for other names.
+inline std::optional<std::string> hf_prefix_of(const safetensors_file& f) {
+  std::optional<std::string> found;
+  for (const auto& n : f.names()) {
+    if (n.starts_with("decoder.model.decoder.") || n.starts_with("decoder.lm_heads.")) return std::string("decoder.");
+    if (n.starts_with("model.decoder.") || n.starts_with("lm_heads.")) found = std::string();
+  }
+  return found;
+}
+
+// Loads a Hugging Face MusicGen weights file into the trainer's weights: every decoder tensor must
+// map (io/hf_names.hpp checks names, shapes and the q/k/v split; one error lists every problem),
+// be F32 and finite; nothing is written unless the whole file fits. The prefix is found from the
+// names when `options.prefix` is empty; a model without cross-attention drops the file's
+// cross-attention tensors (a MusicgenForCausalLM always has them) and its enc_to_dec_proj. Condition tensors with no Hugging Face equivalent (the
+// model's attribute tables, say) keep their values when options.skip_unmapped_conditions is set.
+template <class Trainer>
+void load_hf_weights(Trainer& t, const std::filesystem::path& file, hf_options options = {}) {
+  using model = typename Trainer::model;
+  using params = typename Trainer::params;
+  const safetensors_file st(file);
+  if (options.prefix.empty()) {
+    const auto prefix = hf_prefix_of(st);
+    if (!prefix)
+      throw weights_mismatch(file.string() + ": no Hugging Face MusicGen tensor in this file (model.decoder.*, "
+                                             "lm_heads.*, or decoder.* of a MusicgenForConditionalGeneration); a file "
+                                             "in etude's names loads with etude::io::load_weights");
+    options.prefix = *prefix;
+  }
+  if (options.where == hf_options{}.where) options.where = file.string();
+  // a MusicgenForCausalLM always holds cross-attention tensors: a model without cross-attention
+  // has no place for them
+  if constexpr (model::fusion != fuse::method::cross)
+    options.drop_cross_attention = true;
+  std::vector<tensor_view> views;
+  std::vector<std::string> not_f32;
+  for (const auto& n : st.names()) {
+    // without cross-attention there is no text projection either
+    if (options.drop_cross_attention && n.starts_with("enc_to_dec_proj.")) continue;
+    if (st.info(n).type != dtype::f32) {
+      // outside the decoder (a text encoder in f16, say) a dtype does not matter: from_hf skips it
+      if (n.starts_with(options.prefix) || n.starts_with("enc_to_dec_proj.")) not_f32.push_back(n);
+      continue;
+    }
+    views.push_back({n, st.info(n).shape, st.as<float>(n)});
+  }
+  if (!not_f32.empty())
+    throw weights_mismatch(file.string() + ": " + std::to_string(not_f32.size()) + " tensor(s) are not F32 (" +
+                           detail::quoted_list(not_f32) + "); convert the file to float32 (PyTorch: "
+                           "model.float().save_pretrained(...)) and load it again");
+  // the weights as they are (conditions the file has no place for keep them), then the file's
+  const auto now = t.parameters();
+  std::vector<float> flat(now.size());
+  for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(now[i]);
+  from_hf<model::shape, typename model::conditions>(views, flat, options);
+  for (const param_desc& p : params::entries)
+    for (index_t i = 0; i < p.numel(); ++i)
+      if (!std::isfinite(flat[static_cast<std::size_t>(p.offset + i)]))
+        throw weights_mismatch(file.string() + ": the tensor that maps to " + param_name(p) + " holds a non-finite value (element " +
+                               std::to_string(i) + "); load a file saved before the weights diverged");
+  const auto w = t.parameters_for_write();
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<typename Trainer::value_type>(flat[i]);
+}
+
+// Writes the trainer's weights (weight_set::ema: their EMA) under Hugging Face MusicGen's names
+// (options.prefix "decoder." for a MusicgenForConditionalGeneration's file), F32, "format": "pt".
+template <class Trainer>
+void save_hf_weights(const Trainer& t, const std::filesystem::path& file, const hf_options& options = {},
+                     weight_set from = weight_set::trained) {
+  using model = typename Trainer::model;
+  if (from == weight_set::ema && !t.has_ema())
+    throw invalid_argument("save_hf_weights: weight_set::ema needs a trainer that keeps an EMA (hyper.ema_decay > 0)");
+  std::vector<float> flat;
+  if (from == weight_set::ema) {
+    const auto e = t.ema_parameters();
+    flat.assign(e.begin(), e.end());
+  } else {
+    const auto w = t.parameters();
+    flat.resize(w.size());
+    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(w[i]);
+  }
+  const auto views = to_hf<model::shape, typename model::conditions>(std::span<const float>(flat), options);
+  safetensors_writer out;
+  for (const auto& v : views) out.add(v.name, v.data, v.shape);
+  out.write(file);
+}
+
+}  // namespace etude::io
