@@ -7,6 +7,11 @@
                                                 (DIR/hf/model.safetensors, transformers' own names) and
                                                 DIR/io.safetensors: the tokens, the condition states and
                                                 mask, and the logits of three forwards
+  hf_musicgen_ref.py reload DIR FILE OUT        a model of DIR/hf's config whose every parameter is
+                                                read from FILE (etude's save_hf_weights), strictly;
+                                                the masked forward of DIR/io.safetensors' inputs, the
+                                                states through FILE's enc_to_dec_proj and masked as
+                                                MusicgenForConditionalGeneration does, into OUT
 
 The configuration is set so the decoder computes what AudioCraft's MusicGen LM (and etude) does:
   activation_function="gelu"   transformers' GELUActivation, the exact erf form (AudioCraft's F.gelu)
@@ -35,7 +40,7 @@ try:
     import torch
     import transformers
     from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 except ImportError as exc:  # the C++ test turns this into a skip with a warning
     print(f"hf_musicgen_ref.py: cannot import torch/transformers' MusicGen: {exc}; install with: "
           f"{sys.executable} -m pip install --break-system-packages 'transformers==4.39.3' "
@@ -47,6 +52,8 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "probe":
         print(f"torch {torch.__version__}, transformers {transformers.__version__}")
         return 0
+    if len(sys.argv) == 5 and sys.argv[1] == "reload":
+        return reload(*sys.argv[2:])
     if len(sys.argv) != 11 or sys.argv[1] != "run":
         print(__doc__)
         return 1
@@ -87,6 +94,30 @@ def main():
     }, os.path.join(out, "io.safetensors"))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}: "
           f"{sum(p.numel() for p in model.parameters())} values")
+    return 0
+
+
+def reload(out, file, result):
+    torch.set_num_threads(1)
+    model = MusicgenForCausalLM(MusicgenDecoderConfig.from_pretrained(os.path.join(out, "hf"))).eval()
+    state = load_file(file)
+    proj_w, proj_b = state.pop("enc_to_dec_proj.weight"), state.pop("enc_to_dec_proj.bias")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # the sinusoidal positions (a frozen nn.Parameter in transformers) are computed, not learned
+    params = {name for name, _ in model.named_parameters() if "embed_positions" not in name}
+    missing = [m for m in missing if m in params]
+    if missing or unexpected:
+        print(f"reload: {file}: missing {missing}, unexpected {unexpected}")
+        return 1
+    io = load_file(os.path.join(out, "io.safetensors"))
+    tokens, states, mask = io["tokens"].long(), io["states"], io["mask"]
+    b, k, s = tokens.shape
+    with torch.no_grad():
+        projected = (states @ proj_w.T + proj_b) * mask[..., None]
+        logits = model(input_ids=tokens.reshape(b * k, s), encoder_hidden_states=projected,
+                       encoder_attention_mask=mask.long()).logits
+    save_file({"logits_masked": logits.reshape(b, k, s, -1).contiguous()}, result)
+    print(f"reloaded {len(state)} tensors from {file}")
     return 0
 
 

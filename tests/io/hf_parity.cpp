@@ -23,6 +23,7 @@
 
 #include <etude/etude.hpp>
 #include <etude/io/hf_names.hpp>
+#include <etude/io/hf_weights.hpp>
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
@@ -202,4 +203,42 @@ TEST_CASE("transformers' MusicgenForCausalLM and etude give the same logits thro
   // the three cases differ from each other, so each comparison tests what it names
   CHECK(compare(want_masked, want_plain).abs > 1e-2);
   CHECK(compare(want_masked, want_unmasked).abs > 1e-2);
+
+  // (d) fine-tuning and back: a trainer of the masked model that trains only its cross-attention and
+  // its condition projection (enc_to_dec_proj) starts from the file's weights, takes two steps and
+  // writes its weights under transformers' names (io/hf_weights.hpp); transformers reads every
+  // parameter back, applies the trained enc_to_dec_proj as MusicgenForConditionalGeneration does, and
+  // its logits are etude's for the trained weights
+  using tune_cfg =
+      etude::train_config<masked_lm, etude::train_only<etude::group::cross_attention, etude::group::conditions>>;
+  etude::hyper h;
+  h.lr = 1e-2;
+  h.warmup_steps = 0;
+  h.total_steps = 10;
+  etude::cpu_trainer<tune_cfg> tuner{h};
+  {
+    const auto start = conditioned_weights<masked_conds>(hf);
+    const auto w = tuner.parameters_for_write();
+    std::copy(start.begin(), start.end(), w.begin());
+  }
+  etude::token_batch tb(B, K, steps - (K - 1));  // frames whose delay pattern has `steps` steps
+  for (std::size_t i = 0; i < tb.tokens.size(); ++i) tb.tokens[i] = static_cast<etude::token_t>((i * 7 + 3) % C);
+  tb.embeddings.assign(states.begin(), states.end());
+  for (const float m : mask) tb.embedding_mask.push_back(m != 0.0f ? 1 : 0);
+  tuner.step(tb);
+  tuner.step(tb);
+  io::save_hf_weights(tuner, dir / "tuned.safetensors");
+  const auto reload = run_peer("reload " + quoted(dir.path().string()) + " " + quoted((dir / "tuned.safetensors").string()) +
+                                   " " + quoted((dir / "tuned_logits.safetensors").string()),
+                               dir / "reload.log");
+  INFO("reload: " << reload.output);
+  REQUIRE(reload.status == 0);
+  const io::safetensors_file back(dir / "tuned_logits.safetensors");
+  const auto reread = floats(back, "logits_masked");
+  const std::vector<float> tuned_w(tuner.parameters().begin(), tuner.parameters().end());
+  const auto tuned = compare(etude_logits<masked_lm>(tuned_w, seq, states, mask), reread);
+  std::cout << "hf export after 2 fine-tuning steps (train_only<cross_attention, conditions>), read back by transformers:"
+            << " max |etude - transformers| " << tuned.abs << " (rel " << tuned.rel << ")\n";
+  CHECK(tuned.rel < 1e-5);
+  CHECK(compare(reread, want_masked).abs > 1e-3);  // the steps changed what the export computes
 }
