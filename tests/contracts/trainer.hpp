@@ -526,6 +526,17 @@ inline etude::hyper ema_hyper(double decay, long every) {
 }
 template <class Trainer>
 std::vector<float> ema_of(const Trainer& t) { return widen(t.ema_parameters()); }
+
+// `t`'s state saved into the emptied checkpoint directory `dir`, and the checkpoint read back.
+template <class Trainer>
+etude::io::checkpoint_file saved_checkpoint(const Trainer& t, const std::filesystem::path& dir) {
+  std::filesystem::remove_all(dir);
+  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+  m.save(t, {});
+  auto latest = m.latest();
+  REQUIRE(latest);
+  return std::move(*latest);
+}
 }  // namespace contract
 
 // AudioCraft's unbiased EMA (count <- count·decay + 1, w = 1/count) over the updates u with
@@ -628,18 +639,11 @@ TEST_CASE("contract: the EMA is saved and restored with the run, and a resumed r
   namespace fs = std::filesystem;
   const auto h = contract::ema_hyper(0.9, 1);
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-ema-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
   contract::trainer_for<contract_adamw> straight{h};
   for (std::uint64_t s = 0; s < 2; ++s) straight.step(contract::random_batch(4, 12, 90 + s));
-  {
-    etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
-    m.save(straight, {});
-  }
-  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
-  const auto latest = m.latest();
-  REQUIRE(latest);
+  const auto saved = contract::saved_checkpoint(straight, dir);
   contract::trainer_for<contract_adamw> resumed{h};
-  etude::io::restore(resumed, *latest);
+  etude::io::restore(resumed, saved);
   CHECK(resumed.ema_count() == straight.ema_count());
   CHECK(contract::same_bits(contract::ema_of(resumed), contract::ema_of(straight)));
   for (std::uint64_t s = 2; s < 4; ++s) {
@@ -651,7 +655,7 @@ TEST_CASE("contract: the EMA is saved and restored with the run, and a resumed r
   CHECK(resumed.ema_count() == straight.ema_count());
   // a run without an EMA is another run: refused by name
   contract::trainer_for<contract_adamw> plain{contract::contract_hyper()};
-  CHECK_THROWS_WITH(etude::io::restore(plain, *latest), Catch::Contains("hyper.ema_decay"));
+  CHECK_THROWS_WITH(etude::io::restore(plain, saved), Catch::Contains("hyper.ema_decay"));
   // the EMA's weights as a weights file: what a generator or a fine-tune loads
   etude::io::save_weights(straight, dir / "ema.safetensors", etude::weight_set::ema);
   etude::io::load_weights(plain, dir / "ema.safetensors");
@@ -743,24 +747,17 @@ void check_frozen_resume(const char* name) {
   namespace fs = std::filesystem;
   const auto h = ema_hyper(0.9, 1);
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-frozen-" + std::string(name) + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
   trainer_for<Config> straight{h};
   for (std::uint64_t s = 0; s < 2; ++s) straight.step(random_batch(4, 12, 110 + s));
-  {
-    etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
-    m.save(straight, {});
-  }
-  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
-  const auto latest = m.latest();
-  REQUIRE(latest);
+  const auto saved = saved_checkpoint(straight, dir);
   using T = trainer_for<Config>;
   const std::string slot = T::config::optimizer::state_names[0];
-  CHECK(latest->tensors().contains("model.emb.0.weight"));
-  CHECK_FALSE(latest->tensors().contains("optim." + slot + ".emb.0.weight"));
-  CHECK(latest->tensors().contains("optim." + slot + ".transformer.layers.0.linear1.weight"));
-  CHECK(latest->state()["config"].contains("trainable"));
+  CHECK(saved.tensors().contains("model.emb.0.weight"));
+  CHECK_FALSE(saved.tensors().contains("optim." + slot + ".emb.0.weight"));
+  CHECK(saved.tensors().contains("optim." + slot + ".transformer.layers.0.linear1.weight"));
+  CHECK(saved.state()["config"].contains("trainable"));
   T resumed{h};
-  etude::io::restore(resumed, *latest);
+  etude::io::restore(resumed, saved);
   CHECK(snapshot(resumed) == snapshot(straight));
   CHECK(same_bits(ema_of(resumed), ema_of(straight)));
   for (std::uint64_t s = 2; s < 4; ++s) {
@@ -782,13 +779,11 @@ TEST_CASE("contract: a frozen run saves only what trains' optimiser state, and r
   // the same model with everything trained is another configuration
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-frozen-other-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
   contract::trainer_for<contract_frozen> frozen{contract::contract_hyper()};
   frozen.step(contract::random_batch(4, 12, 120));
-  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
-  m.save(frozen, {});
+  const auto saved = contract::saved_checkpoint(frozen, dir);
   contract::trainer_for<contract_adamw> full{contract::contract_hyper()};
-  CHECK_THROWS_WITH(etude::io::restore(full, *m.latest()), Catch::Contains("trainable"));
+  CHECK_THROWS_WITH(etude::io::restore(full, saved), Catch::Contains("trainable"));
   fs::remove_all(dir);
 }
 
