@@ -112,7 +112,8 @@ class trainer {
   // timeout); the trainer's state is then unusable and the run resumes from a checkpoint.
   void distribute(const data_parallel& dp);
   const data_parallel& parallel() const { return dp_; }
-  // The optimiser-state shards: partition{P, world size} under zero1, the whole otherwise.
+  // The optimiser-state shards: partition{PT, world size} under zero1 (PT: the packed trainable
+  // elements, P under train_all), the whole otherwise.
   partition shards() const { return dp_.zero1 ? partition{PT, dp_.size()} : partition{PT, 1}; }
   int shard_rank() const { return dp_.zero1 ? dp_.rank() : 0; }
 
