@@ -300,3 +300,43 @@ TEST_CASE("with ema_decay a session validates the EMA beside the weights, checkp
   CHECK_THROWS_WITH(s.run(), Catch::Contains("ema_decay: 1 would never move the average"));
   CHECK(!fs::exists(refused));
 }
+
+TEST_CASE("init_weights starts a run from a weights file in etude's or Hugging Face's names; a resume on other weights is refused", "[run][init]") {
+  const fs::path files = fresh_dir("init_files");
+  fs::create_directories(files);
+  etude::hyper other;
+  other.seed = 77;  // weights no run here starts from
+  trainer_t source{other};
+  etude::io::save_weights(source, files / "etude.safetensors");
+  etude::io::save_hf_weights(source, files / "hf.safetensors");
+  const std::vector<float> want(source.parameters().begin(), source.parameters().end());
+  std::vector<fs::path> dirs;
+  for (const char* name : {"etude.safetensors", "hf.safetensors"}) {
+    INFO(name);
+    const fs::path dir = dirs.emplace_back(fresh_dir(std::string("init_") + name));
+    auto o = options_for(dir);
+    o.init_weights = (files / name).string();
+    o.hyperparameters.lr = 0.0;  // the step then moves no weight: the run holds the file's
+    o.stop_after = 1;
+    etude::run::session<trainer_t> s(o, data(), hooks_for());
+    CHECK(s.run().step == 1);
+    CHECK(std::vector<float>(s.trainer().parameters().begin(), s.trainer().parameters().end()) == want);
+    const json rec = read_json(dir / "run.json");
+    CHECK(rec["data"]["init_weights"]["digest"].get<std::string>().size() == 16);
+    CHECK(rec["data"]["init_weights"]["names"] == (std::string(name) == "hf.safetensors" ? "hugging face" : "etude"));
+    CHECK(rec["options"]["init_weights"] == (files / name).string());
+  }
+  // the first run resumed from another file: refused, naming the difference
+  auto o = options_for(dirs.front());
+  o.init_weights = (files / "hf.safetensors").string();
+  o.hyperparameters.lr = 0.0;
+  etude::run::session<trainer_t> other_file(o, data(), hooks_for());
+  CHECK_THROWS_WITH(other_file.run(), Catch::Contains("init_weights"));
+  // a file that is not there: refused before anything is written
+  const fs::path none = fresh_dir("init_missing");
+  auto m = options_for(none);
+  m.init_weights = (files / "absent.safetensors").string();
+  etude::run::session<trainer_t> missing(m, data(), hooks_for());
+  CHECK_THROWS_WITH(missing.run(), Catch::Contains("init_weights: ") && Catch::Contains("absent.safetensors"));
+  CHECK(!fs::exists(none));
+}

@@ -47,6 +47,7 @@ struct options {
   bool fresh = false;          // remove what etude wrote in the run directory first
   bool discard_unusable = false;  // when no checkpoint can be resumed, set them aside and start over
   unsigned long long seed = 42;   // initialisation and data order
+  std::string init_weights;       // a new run starts from this weights file ("": the initialisation)
   double memory_limit_mib = 0;    // the most memory the run may plan for (0: what the machine leaves)
   // --- data -------------------------------------------------------------------------------------
   int workers = 1;                // loader worker threads (0: load inside the step)
@@ -245,6 +246,12 @@ void visit_fields(Options& o_in, Visit&& v) {
                "when no checkpoint can be resumed, set them aside (checkpoints/rejected/) and start over"});
   v(integer_field<unsigned long long>{"seed", o.seed, 0ULL, std::numeric_limits<unsigned long long>::max(),
                                       "seed of the initialisation and the data order"});
+  v(text_field{"init_weights", o.init_weights,
+               "start a new run from this weights file instead of the initialisation: etude's names (save_weights) "
+               "or Hugging Face MusicGen's (a MusicgenForCausalLM's or MusicgenForConditionalGeneration's "
+               "model.safetensors; condition tensors it has no place for keep the initialisation); its digest joins "
+               "the run's identity, so a run resumes only on the same file; empty: none",
+               nullptr});
   v(number_field{"memory_limit_mib", o.memory_limit_mib, 0.0, false, any,
                  "the most memory (MiB) the run's memory plan may take; 0: what the machine, its memory cgroup and "
                  "the process's limits leave"});

@@ -46,6 +46,7 @@
 #include "etude/data/loader.hpp"
 #include "etude/data/synthetic.hpp"
 #include "etude/io/checkpoint.hpp"
+#include "etude/io/hf_weights.hpp"
 #include "etude/run/data_source.hpp"
 #include "etude/run/memory_budget.hpp"
 #include "etude/run/options.hpp"
@@ -281,8 +282,24 @@ void session<Trainer>::prepare_data() {
                        {"dropout", o_.hyperparameters.condition_dropout},
                        {"dropout_mode", o_.hyperparameters.condition_dropout_mode == hyper::dropout_mode::per_batch ? "per_batch"
                                                                                                           : "per_sample"}};
+  // init_weights: the file the run starts from, by its digest (read whole here, so a missing or
+  // damaged file is refused before anything is written)
+  if (!o_.init_weights.empty()) {
+    const io::safetensors_file f = [&] {
+      try {
+        return io::safetensors_file(o_.init_weights);
+      } catch (const error& e) {
+        throw invalid_argument(std::string("init_weights: ") + e.what());
+      }
+    }();
+    const auto bytes = f.file_bytes();
+    char hex[17];
+    parts_.data["init_weights"] = {
+        {"digest", std::string(etude::detail::hex64(etude::detail::xxhash64::of(bytes.data(), bytes.size()), hex))},
+        {"names", io::hf_prefix_of(f) ? "hugging face" : "etude"}};
+  }
   // what a checkpoint of this run must have trained on: the data and how it is cut into batches
-  // (the manifest's location may move; its content may not)
+  // (the manifest's location may move; its content may not), and the weights it started from
   data_identity_ = parts_.data;
   data_identity_["batch"] = o_.batch;
   data_identity_["frames"] = o_.frames;
@@ -416,6 +433,22 @@ result session<Trainer>::run() {
   prepare_data();
   trainer_.emplace(o_.trainer_hyperparameters());
   Trainer& trainer = *trainer_;
+  // a new run's weights from a file (a resumed run's come from its checkpoint below), checked whole
+  // before anything is written
+  if (!o_.init_weights.empty()) {
+    const std::string where = "init_weights: ";
+    try {
+      if (parts_.data["init_weights"]["names"] == "hugging face") {
+        io::hf_options hf;
+        hf.skip_unmapped_conditions = true;
+        io::load_hf_weights(trainer, o_.init_weights, hf);
+      } else {
+        io::load_weights(trainer, o_.init_weights);
+      }
+    } catch (const error& e) {
+      throw invalid_argument(where + e.what());
+    }
+  }
   if (w_.comm != nullptr)
     trainer.distribute({w_.comm, static_cast<std::size_t>(o_.bucket_mib * 1048576.0) + 1, o_.zero1});
   // the directory first: nothing is read, removed or written before the lock is held (by rank 0;
