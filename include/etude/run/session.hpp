@@ -8,8 +8,10 @@
 // It holds the run directory and its lock (track/run_directory.hpp), resumes from the newest good
 // checkpoint (the loader's state re-cut to this world size), reads token shards through the loader
 // (or synthetic tokens, or the user's batches), encodes conditions through a vocabulary built from
-// the training split, validates every valid_every steps beside the unigram baseline, checkpoints
-// every checkpoint_every steps (in the background, keep_last newest and the best kept), writes
+// the training split, starts a new run from a weights file where init_weights names one (etude's
+// or Hugging Face's names), validates every valid_every steps beside the unigram baseline (and the
+// EMA of the weights beside them, with ema_decay), checkpoints every checkpoint_every steps (in
+// the background, keep_last newest and the best kept), writes
 // metrics.jsonl, TensorBoard events and run.json, warns about loader stalls and dead parameters,
 // traces chosen steps, plants a drill's NaN, stops after stop_after steps as if interrupted, stops
 // cleanly on SIGTERM/SIGINT/SIGUSR1 (run/preemption.hpp), runs data parallel under mpirun when
