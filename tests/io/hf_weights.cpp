@@ -6,7 +6,6 @@
 // the file named and the trainer unchanged.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include <etude/io/hf_weights.hpp>
 
 #include "../data/support.hpp"
+#include "../support.hpp"
 
 namespace io = etude::io;
 using Catch::Matchers::Contains;
@@ -29,9 +29,7 @@ template <class T>
 std::vector<float> floats(std::span<const T> v) {
   return std::vector<float>(v.begin(), v.end());
 }
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using etude::test::same_bits;
 
 etude::hyper seeded(unsigned long long seed) {
   etude::hyper h;

@@ -7,7 +7,6 @@
 // Not for: etude's own names (io/checkpoint/weights.hpp: save_weights, load_weights).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "etude/core/dtype.hpp"
+#include "etude/io/checkpoint/detail/trainer_view.hpp"
 #include "etude/io/checkpoint/weights.hpp"
 #include "etude/io/hf_names.hpp"
 #include "etude/io/safetensors.hpp"
@@ -80,10 +80,10 @@ void load_hf_weights(Trainer& t, const std::filesystem::path& file, hf_options o
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(now[i]);
   from_hf<model::shape, typename model::conditions>(views, flat, options);
   for (const param_desc& p : params::entries)
-    for (index_t i = 0; i < p.numel(); ++i)
-      if (!std::isfinite(flat[static_cast<std::size_t>(p.offset + i)]))
-        throw weights_mismatch(file.string() + ": the tensor that maps to " + param_name(p) + " holds a non-finite value (element " +
-                               std::to_string(i) + "); load a file saved before the weights diverged");
+    if (const auto bad = detail::first_non_finite(std::span<const float>(flat).subspan(
+            static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()))))
+      throw weights_mismatch(file.string() + ": the tensor that maps to " + param_name(p) + " holds a non-finite value (element " +
+                             std::to_string(*bad) + "); load a file saved before the weights diverged");
   const auto w = t.parameters_for_write();
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<typename Trainer::value_type>(flat[i]);
 }

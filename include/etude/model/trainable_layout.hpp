@@ -122,17 +122,25 @@ struct trainable_layout {
   }();
 
   // A frozen LayerNorm's parameter gradients (weight, bias) are written to a sink of 2·dim values
-  // after the packed gradients, cleared with them and read by nothing.
-  static constexpr bool is_norm(param_kind k) {
-    return k == param_kind::norm1_weight || k == param_kind::norm1_bias || k == param_kind::norm2_weight ||
-           k == param_kind::norm2_bias || k == param_kind::norm_cross_weight || k == param_kind::norm_cross_bias ||
-           k == param_kind::out_norm_weight || k == param_kind::out_norm_bias;
+  // after the packed gradients, cleared with them and read by nothing; the gradient buffers hold
+  // both (gradient_elements).
+  static constexpr bool is_norm_bias(param_kind k) {
+    return k == param_kind::norm1_bias || k == param_kind::norm2_bias || k == param_kind::norm_cross_bias ||
+           k == param_kind::out_norm_bias;
   }
+  static constexpr bool is_norm(param_kind k) {
+    return is_norm_bias(k) || k == param_kind::norm1_weight || k == param_kind::norm2_weight ||
+           k == param_kind::norm_cross_weight || k == param_kind::out_norm_weight;
+  }
+  static constexpr index_t norm_width = Params::at(param_kind::out_norm_weight).numel();  // every norm is dim wide
   static constexpr bool sinks_norms = [] {
     for (std::size_t i = 0; i < count; ++i)
       if (!trains(i) && is_norm(Params::entries[i].kind)) return true;
     return false;
   }();
+  static constexpr index_t gradient_elements = total_elements + (sinks_norms ? detail::align16(2 * norm_width) : 0);
+  // Where a frozen LayerNorm's weight or bias gradient goes: the sink's first or second half.
+  static constexpr index_t sink_offset(param_kind k) { return total_elements + (is_norm_bias(k) ? norm_width : 0); }
 };
 
 }  // namespace etude

@@ -114,9 +114,7 @@ struct transformer {
   static constexpr bool trains(param_kind kind) { return grads::trains(kind); }
   static G* gparam(G* g, param_kind kind, int layer = -1, int codebook = -1) {
     if (trains(kind)) return g + grads::offset_of(kind, layer, codebook);
-    const bool bias = kind == param_kind::norm1_bias || kind == param_kind::norm2_bias ||
-                      kind == param_kind::norm_cross_bias || kind == param_kind::out_norm_bias;
-    return g + grads::total_elements + (bias ? D : 0);
+    return g + grads::sink_offset(kind);
   }
   // Backward's "the gradients from table tensor (kind, layer, codebook) on are final", packed.
   static constexpr index_t final_from(param_kind kind, int layer = -1, int codebook = -1) {

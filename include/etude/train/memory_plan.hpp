@@ -151,7 +151,7 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   // LayerNorm's parameter gradients go to a sink of 2·dim
   using layout = trainable_layout<typename model::params, typename Config::trainable>;
   constexpr index_t PT = layout::total_elements;
-  constexpr index_t PG = PT + (layout::sinks_norms ? detail::align16(2 * S.dim) : 0);
+  constexpr index_t PG = layout::gradient_elements;
   constexpr int K = S.codebooks;
   constexpr auto size = [](auto t) { return static_cast<index_t>(sizeof(t)); };
   const index_t steps = model::pattern::steps(K, frames);

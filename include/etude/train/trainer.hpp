@@ -76,7 +76,7 @@ class trainer {
   // the trainable tensors' packed elements (P under train_all): gradients and optimiser state
   static constexpr index_t PT = grad_layout::total_elements;
   // the gradient buffers: PT, and the sink of frozen LayerNorms' parameter gradients (2·dim)
-  static constexpr index_t PG = PT + (grad_layout::sinks_norms ? detail::align16(2 * model::shape.dim) : 0);
+  static constexpr index_t PG = grad_layout::gradient_elements;
   // a mixed policy with frozen groups keeps the fp32 master copy of what trains only, packed as the
   // gradients are; the frozen tensors live in the working copy alone
   static constexpr bool packed_master = policy::has_master && !grad_layout::all;

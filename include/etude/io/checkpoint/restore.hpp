@@ -76,10 +76,11 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
   if constexpr (requires { t.parallel().size(); }) our_ranks = t.parallel().size();
   over_ranks(ours, our_ranks);
   over_ranks(theirs, saved_ranks);
-  // a checkpoint from before the EMA existed kept none
-  if (theirs["hyper"].is_object() && !theirs["hyper"].contains("ema_decay")) {
-    theirs["hyper"]["ema_decay"] = 0.0;
-    theirs["hyper"]["ema_every"] = 1;
+  // a checkpoint written before a hyperparameter existed (ema_decay, say) ran with its default
+  if (theirs["hyper"].is_object()) {
+    const json defaults = reflect(hyper{});
+    for (const auto& [key, value] : defaults.items())
+      if (!theirs["hyper"].contains(key)) theirs["hyper"][key] = value;
   }
   auto refuse = [&](const std::string& what, const std::vector<std::string>& diff, const std::string& hint) {
     std::string msg = where + ": " + what + "; refusing to resume. Differences:";

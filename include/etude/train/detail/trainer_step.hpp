@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 
 #include "etude/train/trainer.hpp"
@@ -100,6 +101,16 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     state_type* state[optimizer_state_count];
     for (int i = 0; i < optimizer_state_count; ++i) state[i] = states_[i].device();
     value_type* master = master_.device() + lo;
+    // frozen parameters: a run of trainable tensors' weights (the master's packed place under a
+    // mixed policy) and its optimiser state, packed as its gradients are
+    [[maybe_unused]] auto master_at = [&](const auto& run) {
+      return master + (packed_master ? run.packed : run.weights);
+    };
+    [[maybe_unused]] auto state_at = [&](const auto& run) {
+      std::array<state_type*, optimizer_state_count> st;
+      for (int i = 0; i < optimizer_state_count; ++i) st[static_cast<std::size_t>(i)] = state[i] + run.packed;
+      return st;
+    };
     if constexpr (grad_layout::all) {
       // an update from finite gradients that would overflow is refused here, before it writes; from
       // the range the last update stored where nothing has written the weights or states since (a
@@ -119,27 +130,22 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
                                           &r->decision.skip, working,
                                           executor::host_resident ? &stored_range_ : nullptr);
     } else {
-      // frozen parameters: the weights of each run of trainable tensors against their packed
-      // gradients and state (and packed master, under a mixed policy). Each run's check is kept
-      // with the run's place in the table (the first refusal's weight is then named by step_with),
-      // and once one refuses the later ones skip.
-      auto master_at = [&](const auto& run) { return master + (packed_master ? run.packed : run.weights); };
+      // frozen parameters: each run of trainable tensors against its packed gradients and state.
+      // Each run's check is kept with the run's place in the table (the first refusal's weight is
+      // then named by step_with), and once one refuses the later ones skip.
       for (std::size_t k = 0; k < grad_layout::run_count; ++k) {
         const auto& run = grad_layout::runs[k];
-        state_type* st[optimizer_state_count];
-        for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
+        auto st = state_at(run);
         optimizer::template check<Backend>(static_cast<const value_type*>(master_at(run)),
-                                           static_cast<const grad_type*>(grads + run.packed), st, run.length,
+                                           static_cast<const grad_type*>(grads + run.packed), st.data(), run.length,
                                            &c->optimizer, &r->decision,
                                            static_cast<const param_type*>(working ? working + run.weights : nullptr));
         Backend::share_refusal(&r->decision, run.weights, &r->run_refusal[k]);
       }
       step_op("update_check");
-      for (std::size_t k = 0; k < grad_layout::run_count; ++k) {
-        const auto& run = grad_layout::runs[k];
-        state_type* st[optimizer_state_count];
-        for (int i = 0; i < optimizer_state_count; ++i) st[i] = state[i] + run.packed;
-        optimizer::template update<Backend>(master_at(run), grads + run.packed, st, run.length, &c->optimizer,
+      for (const auto& run : grad_layout::runs) {
+        auto st = state_at(run);
+        optimizer::template update<Backend>(master_at(run), grads + run.packed, st.data(), run.length, &c->optimizer,
                                             &r->decision.grad_scale, &r->decision.skip,
                                             working ? working + run.weights : nullptr);
       }
@@ -154,11 +160,11 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     if (sharded) step_op("gather_weights");
     if (has_ema()) {
       // every rank averages all the weights (gathered above under zero1): the same bits on each
-      if constexpr (packed_master) {
-        // the frozen tensors' average is their weights, which never move
+      if constexpr (!grad_layout::all) {
+        // the frozen tensors' average is their weights, which never move: only the runs move it
         for (const auto& run : grad_layout::runs)
-          Backend::ema_update(ema_.device() + run.weights, static_cast<const value_type*>(master_.device() + run.packed),
-                              run.length, &c->ema, &r->decision.skip);
+          Backend::ema_update(ema_.device() + run.weights, static_cast<const value_type*>(master_at(run)), run.length,
+                              &c->ema, &r->decision.skip);
       } else {
         Backend::ema_update(ema_.device(), static_cast<const value_type*>(master_.device()), P, &c->ema,
                             &r->decision.skip);
