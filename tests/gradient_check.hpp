@@ -1,7 +1,8 @@
 // The whole-model gradient check shared by the gradient tests (model/gradcheck.cpp,
-// config/conditions.cpp): for every tensor of the parameter table, its largest gradient element and
-// four random ones against central differences of the loss, in double precision (the fp64 policy
-// runs the same transformer code in double). Needs Catch2.
+// config/conditions.cpp, train/lora.cpp): for every tensor of the parameter table, its largest
+// gradient element and four random ones against central differences of the loss, in double
+// precision (the fp64 policy runs the same transformer code in double); and the CPU op sets that
+// take the transformer's fused and unfused paths. Needs Catch2.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -10,11 +11,25 @@
 #include <cstddef>
 #include <vector>
 
+#include <etude/backend/cpu/cpu.hpp>
 #include <etude/core/batch.hpp>
 #include <etude/core/rng.hpp>
 #include <etude/model/params.hpp>
 
 namespace etude::test {
+
+// The CPU op set declaring both fusions (ops/layernorm.hpp, ops/gemm.hpp), as CUDA does: the
+// transformer then takes its fused path (output projection into scratch, residual_layernorm_fwd),
+// which no GPU-less run would otherwise execute. The CPU itself declares the GELU epilogues only.
+struct fused_cpu : etude::backend::cpu {
+  static constexpr bool fuses_residual_layernorm = true;
+  static constexpr bool fuses_gemm_gelu = true;
+};
+// And declaring neither: the transformer's pairs of ops (gemm then gelu_fwd, gemm then gelu_bwd).
+struct plain_cpu : etude::backend::cpu {
+  static constexpr bool fuses_residual_layernorm = false;
+  static constexpr bool fuses_gemm_gelu = false;
+};
 
 // tr: an fp64 trainer; data: the batch its loss_and_gradients sees.
 template <class Trainer>

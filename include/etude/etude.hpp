@@ -4,6 +4,7 @@
 
 #include "etude/version.hpp"
 #include "etude/config/accumulate.hpp"
+#include "etude/config/adapt.hpp"
 #include "etude/config/checkpointing.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/config/pattern.hpp"
@@ -26,6 +27,7 @@
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/backend/cpu/executor.hpp"
 #include "etude/core/batch.hpp"
+#include "etude/train/adapters.hpp"
 #include "etude/train/memory_plan.hpp"
 #include "etude/train/schedule.hpp"
 #include "etude/train/stats.hpp"

@@ -25,3 +25,12 @@ using contract_sgd_fp64 =
 using contract_frozen =
     etude::train_config<contract_lm, etude::accumulate<2>, etude::freeze<etude::group::embeddings, etude::group::self_attention>>;
 using contract_fp16_ffn_only = etude::train_config<contract_lm, etude::precision::fp16, etude::train_only<etude::group::ffn>>;
+// Low-rank adapters (config/adapt.hpp), the base frozen: rank 4 on every self-attention and FFN
+// projection and on the heads with accumulate<2>; under fp16 rsLoRA's scale on q and v (the
+// default targets), with no master copy of the base.
+using contract_lora = etude::train_config<
+    contract_lm, etude::accumulate<2>,
+    etude::adapt::lora<4, 8, etude::adapt::target::q, etude::adapt::target::k, etude::adapt::target::v,
+                       etude::adapt::target::out, etude::adapt::target::fc1, etude::adapt::target::fc2,
+                       etude::adapt::target::head>>;
+using contract_fp16_lora = etude::train_config<contract_lm, etude::precision::fp16, etude::adapt::rslora<8, 16>>;

@@ -26,6 +26,7 @@
 
 #include <etude/core/rng.hpp>
 #include <etude/io/checkpoint.hpp>
+#include <etude/train/adapters.hpp>
 
 #include "configs.hpp"
 
@@ -743,7 +744,8 @@ namespace contract {
 // A frozen run (with an EMA of the weights) saved after 2 steps, restored into a fresh trainer and
 // continued: the same weights, state and EMA bit for bit as the run that went on.
 template <class Config>
-void check_frozen_resume(const char* name) {
+void check_frozen_resume(const char* name, const std::string& trained = "transformer.layers.0.linear1.weight",
+                         const std::string& frozen = "emb.0.weight") {
   namespace fs = std::filesystem;
   const auto h = ema_hyper(0.9, 1);
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-frozen-" + std::string(name) + "-" + std::to_string(::getpid()));
@@ -752,9 +754,9 @@ void check_frozen_resume(const char* name) {
   const auto saved = saved_checkpoint(straight, dir);
   using T = trainer_for<Config>;
   const std::string slot = T::config::optimizer::state_names[0];
-  CHECK(saved.tensors().contains("model.emb.0.weight"));
-  CHECK_FALSE(saved.tensors().contains("optim." + slot + ".emb.0.weight"));
-  CHECK(saved.tensors().contains("optim." + slot + ".transformer.layers.0.linear1.weight"));
+  CHECK(saved.tensors().contains("model." + frozen));
+  CHECK_FALSE(saved.tensors().contains("optim." + slot + "." + frozen));
+  CHECK(saved.tensors().contains("optim." + slot + "." + trained));
   CHECK(saved.state()["config"].contains("trainable"));
   T resumed{h};
   etude::io::restore(resumed, saved);
@@ -793,4 +795,126 @@ TEST_CASE("contract: frozen groups: an update that would overflow names the firs
   // the embeddings and layer 0's self-attention are frozen: the first trainable weight is norm2's
   contract::check_refused<contract_frozen>(contract::contract_hyper(), wild,
                                            {"the weight of transformer.layers.0.norm2.weight (element 0 of"});
+}
+
+// ---- low-rank adapters (config/adapt.hpp) ---------------------------------------------------------
+
+namespace contract {
+// Every adapter's B set to small random values: a new adapter's B is zero, and it would change
+// nothing.
+template <class Trainer>
+void randomise_adapters(Trainer& t, std::uint64_t seed) {
+  etude::rng r(seed);
+  for (const auto& p : Trainer::params::entries)
+    if (p.kind == etude::param_kind::lora_b)
+      for (auto& x : t.tensor_for_write(p)) x = static_cast<typename Trainer::value_type>(r.uniform(-0.05, 0.05));
+}
+
+inline double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    n += want[i] * want[i];
+  }
+  return std::sqrt(d / n);
+}
+
+// The adapted model against the model without adapters holding the merged weights W + s·B·A
+// (etude::merged_weights): the same loss within float rounding, and every adapter's gradient the
+// chain rule's through the merged weight's gradient dW (dB = s·dW·Aᵀ, dA = s·Bᵀ·dW) within 1e-5.
+template <class Lora, class Full>
+void check_lora_against_merged() {
+  using L = trainer_for<Lora>;
+  using params = typename L::params;
+  const auto h = contract_hyper();
+  L t{h};
+  randomise_adapters(t, 7);
+  trainer_for<Full> full{h};
+  const auto merged = etude::merged_weights(t);
+  auto w = full.parameters_for_write();
+  REQUIRE(w.size() == merged.size());
+  std::copy(merged.begin(), merged.end(), w.begin());
+  const auto b = random_batch(4, 12, 100);
+  const double adapted = t.loss_and_gradients(b).ce, plain = full.loss_and_gradients(b).ce;
+  CHECK(adapted == Approx(plain).epsilon(1e-6));
+  const double s = L::adapters::scale;
+  constexpr etude::index_t r = L::adapters::rank;
+  for (std::size_t i = 0; i < params::adapter_count; i += 2) {
+    const etude::param_desc& a = params::entries[i];
+    const etude::param_desc& bd = params::entries[i + 1];
+    INFO(etude::param_name(bd));
+    const auto place = etude::adapted_tensor<contract_shape>(a.target);
+    const auto dw = exact(full.gradient(params::base::at(place.kind, a.layer, a.codebook)));
+    const auto av = exact(t.tensor(a)), bv = exact(t.tensor(bd));
+    const etude::index_t in = a.cols, out = bd.rows;
+    std::vector<double> want_a(static_cast<std::size_t>(r * in)), want_b(static_cast<std::size_t>(out * r));
+    for (etude::index_t o = 0; o < out; ++o)
+      for (etude::index_t c = 0; c < in; ++c) {
+        const double g = s * dw[static_cast<std::size_t>((place.first_row + o) * in + c)];
+        for (etude::index_t k = 0; k < r; ++k) {
+          want_b[static_cast<std::size_t>(o * r + k)] += g * av[static_cast<std::size_t>(k * in + c)];
+          want_a[static_cast<std::size_t>(k * in + c)] += g * bv[static_cast<std::size_t>(o * r + k)];
+        }
+      }
+    CHECK(relative_l2(exact(t.gradient(a)), want_a) < 1e-5);
+    CHECK(relative_l2(exact(t.gradient(bd)), want_b) < 1e-5);
+  }
+}
+
+// Only the adapters train: the gradients and optimiser state cover them alone, the base never
+// moves (bit for bit, under a mixed policy its one copy the working copy), the adapters do, and
+// the plan counts a master copy of the adapters only.
+template <class Lora>
+void check_lora_base_frozen() {
+  using L = trainer_for<Lora>;
+  using params = typename L::params;
+  L t{contract_hyper()};
+  etude::index_t adapter_elements = 0;
+  for (std::size_t i = 0; i < params::adapter_count; ++i) adapter_elements += etude::detail::align16(params::entries[i].numel());
+  CHECK(L::PT == adapter_elements);
+  CHECK(t.gradients().size() == static_cast<std::size_t>(adapter_elements));
+  CHECK(t.optimizer_state(0).size() == static_cast<std::size_t>(adapter_elements));
+  if constexpr (L::packed_master)
+    CHECK(L::plan(2, 12).master == adapter_elements * static_cast<etude::index_t>(sizeof(typename L::value_type)));
+  const auto before = params_of(t);
+  for (std::uint64_t s = 0; s < 3; ++s) t.step(random_batch(4, 12, 101 + s));
+  const auto after = params_of(t);
+  for (std::size_t i = 0; i < params::count; ++i) {
+    const etude::param_desc& p = params::entries[i];
+    INFO(etude::param_name(p));
+    const auto first = before.begin() + p.offset, last = first + p.numel();
+    const bool moved = !std::equal(first, last, after.begin() + p.offset,
+                                   [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; });
+    CHECK(moved == params::is_adapter(i));
+  }
+}
+}  // namespace contract
+
+TEST_CASE("contract: LoRA: the adapted model is the merged model, and its adapters' gradients follow from the merged weights'", "[contract][lora]" ETUDE_CONTRACT_TAG) {
+  contract::check_lora_against_merged<contract_lora, contract_adamw>();
+}
+
+TEST_CASE("contract: LoRA: only the adapters have gradients and state, and only they move", "[contract][lora]" ETUDE_CONTRACT_TAG) {
+  SECTION("fp32, every self-attention and FFN projection and the heads") { contract::check_lora_base_frozen<contract_lora>(); }
+  SECTION("fp16, rsLoRA on q and v") { contract::check_lora_base_frozen<contract_fp16_lora>(); }
+}
+
+TEST_CASE("contract: LoRA: a run saves its adapters and their state, and resumes bit for bit", "[contract][lora]" ETUDE_CONTRACT_TAG) {
+  SECTION("fp32") {
+    contract::check_frozen_resume<contract_lora>("lora-fp32", "transformer.layers.0.linear1.lora_B.weight",
+                                                 "transformer.layers.0.linear1.weight");
+  }
+  SECTION("fp16") {
+    contract::check_frozen_resume<contract_fp16_lora>("lora-fp16", "transformer.layers.1.self_attn.v_proj.lora_A.weight",
+                                                      "transformer.layers.1.self_attn.in_proj_weight");
+  }
+  // another adapter configuration is another run
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("etude-contract-lora-other-" + std::to_string(::getpid()));
+  contract::trainer_for<contract_lora> lora{contract::contract_hyper()};
+  lora.step(contract::random_batch(4, 12, 120));
+  const auto saved = contract::saved_checkpoint(lora, dir);
+  contract::trainer_for<contract_frozen> frozen{contract::contract_hyper()};
+  CHECK_THROWS_WITH(etude::io::restore(frozen, saved), Catch::Contains("adapters"));
+  fs::remove_all(dir);
 }

@@ -11,6 +11,8 @@ extern template class etude::trainer<contract_sgd, etude::backend::cuda>;
 extern template class etude::trainer<contract_fp16, etude::backend::cuda>;
 extern template class etude::trainer<contract_frozen, etude::backend::cuda>;
 extern template class etude::trainer<contract_fp16_ffn_only, etude::backend::cuda>;
+extern template class etude::trainer<contract_lora, etude::backend::cuda>;
+extern template class etude::trainer<contract_fp16_lora, etude::backend::cuda>;
 
 #define ETUDE_CONTRACT_BACKEND etude::backend::cuda
 #define ETUDE_CONTRACT_TAG "[gpu]"

@@ -11,3 +11,5 @@ template class etude::trainer<contract_sgd, etude::backend::cuda>;
 template class etude::trainer<contract_fp16, etude::backend::cuda>;
 template class etude::trainer<contract_frozen, etude::backend::cuda>;
 template class etude::trainer<contract_fp16_ffn_only, etude::backend::cuda>;
+template class etude::trainer<contract_lora, etude::backend::cuda>;
+template class etude::trainer<contract_fp16_lora, etude::backend::cuda>;

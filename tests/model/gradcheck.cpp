@@ -42,18 +42,8 @@ void check_all_gradients(index_t batch = 2, index_t frames = 5) {
   check_gradients_on<Pattern, etude::backend::cpu, Policies...>(batch, frames);
 }
 
-// The CPU op set declaring both fusions (ops/layernorm.hpp, ops/gemm.hpp), as CUDA does: the
-// transformer then takes its fused path (output projection into scratch, residual_layernorm_fwd),
-// which no GPU-less run would otherwise execute. The CPU itself declares the GELU epilogues only.
-struct fused_cpu : etude::backend::cpu {
-  static constexpr bool fuses_residual_layernorm = true;
-  static constexpr bool fuses_gemm_gelu = true;
-};
-// And declaring neither: the transformer's pairs of ops (gemm then gelu_fwd, gemm then gelu_bwd).
-struct plain_cpu : etude::backend::cpu {
-  static constexpr bool fuses_residual_layernorm = false;
-  static constexpr bool fuses_gemm_gelu = false;
-};
+using etude::test::fused_cpu;
+using etude::test::plain_cpu;
 
 }  // namespace
 

@@ -24,6 +24,7 @@ enum class group : unsigned char {
   ffn,              // norm2, linear1, linear2
   output,           // out_norm and the heads (linears.{k})
   conditions,       // the condition provider: attribute tables, projections and their biases
+  adapters,         // low-rank adapters (config/adapt.hpp): they always train, whatever is selected
 };
 
 inline constexpr const char* group_name(group g) {
@@ -34,6 +35,7 @@ inline constexpr const char* group_name(group g) {
     case group::ffn: return "ffn";
     case group::output: return "output";
     case group::conditions: return "conditions";
+    case group::adapters: return "adapters";
   }
   return "?";
 }
@@ -45,6 +47,15 @@ struct train_all : trainable_tag {
   static constexpr bool all = true;
   static constexpr bool trains(group) { return true; }
   static constexpr const char* describe() { return "all"; }
+};
+
+// No group of the model trains: only its adapters (config/adapt.hpp). The default selection of a
+// configuration that names adapters.
+struct train_adapters_only : trainable_tag {
+  static constexpr bool all = false;
+  static constexpr bool trains(group g) { return g == group::adapters; }
+  static constexpr std::array<group, 0> named{};
+  static constexpr const char* describe() { return "adapters_only"; }
 };
 
 // Only the named groups train; the rest are frozen.
@@ -61,6 +72,7 @@ struct train_only : trainable_tag {
 template <group... Gs>
 struct freeze : trainable_tag {
   static_assert(sizeof...(Gs) > 0, "etude::freeze<...>: name at least one group to freeze");
+  static_assert(((Gs != group::adapters) && ...), "etude::freeze<...>: adapters always train; drop group::adapters");
   static constexpr bool all = false;
   static constexpr bool trains(group g) { return !((g == Gs) || ...); }
   static constexpr std::array<group, sizeof...(Gs)> named{Gs...};

@@ -72,6 +72,19 @@ json describe_config() {
     for (const group g : Config::trainable::named) groups.push_back(group_name(g));
     j["trainable"]["groups"] = std::move(groups);
   }
+  // low-rank adapters (config/adapt.hpp), where there are any
+  using adapters = typename Config::adapters;
+  if constexpr (adapters::any) {
+    j["adapters"]["policy"] = adapters::describe();
+    j["adapters"]["rank"] = adapters::rank;
+    j["adapters"]["alpha"] = adapters::alpha;
+    j["adapters"]["scale"] = adapters::scale;
+    json targets = json::array();
+    for (const adapt::target t : adapters::targets) targets.push_back(adapt::target_name(t));
+    j["adapters"]["targets"] = std::move(targets);
+    j["adapters"]["parameters"] = model::template adapted_params<adapters>::parameter_count() -
+                                  model::params::parameter_count();
+  }
   return j;
 }
 

@@ -51,6 +51,9 @@ struct model {
   static constexpr fuse::method fusion = fusion_of<Conditions>();
   static constexpr bool conditioned = Conditions::count > 0;
   using params = param_table<Shape, Conditions>;
+  // A trainer's table with low-rank adapters (config/adapt.hpp) in front of the model's tensors.
+  template <class Adapt>
+  using adapted_params = param_table<Shape, Conditions, Adapt>;
   using activations = activation_table<Shape, fusion == fuse::method::cross>;
 
   // Condition positions in front of the tokens (fuse::prepend; 0 otherwise): the transformer runs

@@ -4,7 +4,10 @@
 // (AudioCraft's state-dict names) and the memory plan. Weight decay applies to every parameter,
 // as in AudioCraft, so the table holds no decay group. A conditioned model (config/conditions.hpp)
 // adds its condition tables and projections (first, where AudioCraft's condition provider sits)
-// and, with cross-attention, four tensors per layer.
+// and, with cross-attention, four tensors per layer. A trainer with low-rank adapters
+// (config/adapt.hpp) has them in front of everything else, each adapter's A then B, by layer and
+// target, the heads' last; the base tensors keep their order, their initialisation and their
+// names, so the base part is the model's own table with every offset moved by the adapters'.
 #pragma once
 
 #include <array>
@@ -12,6 +15,7 @@
 #include <cstddef>
 #include <string>
 
+#include "etude/config/adapt.hpp"
 #include "etude/config/conditions.hpp"
 #include "etude/config/shape.hpp"
 #include "etude/core/types.hpp"
@@ -40,6 +44,10 @@ enum class param_kind : unsigned char {
   norm_cross_bias,    // transformer.layers.{i}.norm_cross.bias                     (D)
   cross_qkv,          // transformer.layers.{i}.cross_attention.in_proj_weight      (3D, D)
   cross_out,          // transformer.layers.{i}.cross_attention.out_proj.weight     (D, D)
+  // low-rank adapters (config/adapt.hpp; the target field says which projection, the codebook
+  // field which head): <the projection's module>.lora_A.weight (rank, in), .lora_B.weight (out, rank)
+  lora_a,
+  lora_b,
 };
 
 enum class init_kind : unsigned char {
@@ -60,6 +68,7 @@ struct param_desc {
   init_kind init;
   const char* label = nullptr;  // condition tensors: the condition's name
   index_t fan_in = 0;           // uniform initialisers: the input width their bound derives from
+  adapt::target target{};       // adapters: the projection adapted
 
   constexpr index_t numel() const { return rows * cols; }
   constexpr bool is_vector() const { return rows == 1; }
@@ -69,23 +78,88 @@ namespace detail {
 constexpr index_t align16(index_t n) { return (n + 15) / 16 * 16; }
 }  // namespace detail
 
-template <shape S, class Conds = no_conditions>
+// The (out, in) shape of the projection an adapter target sits on.
+template <shape S>
+constexpr std::array<index_t, 2> adapted_shape(adapt::target t) {
+  switch (t) {
+    case adapt::target::fc1: return {S.ffn(), S.dim};
+    case adapt::target::fc2: return {S.dim, S.ffn()};
+    case adapt::target::head: return {S.card, S.dim};
+    default: return {S.dim, S.dim};
+  }
+}
+
+// The base tensor an adapter target adds to, and the first of its rows that the adapter's output
+// covers (q, k and v are row blocks of the packed in_proj_weight).
+struct adapted_rows {
+  param_kind kind;
+  index_t first_row;
+};
+template <shape S>
+constexpr adapted_rows adapted_tensor(adapt::target t) {
+  switch (t) {
+    case adapt::target::q: return {param_kind::qkv, 0};
+    case adapt::target::k: return {param_kind::qkv, S.dim};
+    case adapt::target::v: return {param_kind::qkv, 2 * S.dim};
+    case adapt::target::out: return {param_kind::out_proj, 0};
+    case adapt::target::cross_q: return {param_kind::cross_qkv, 0};
+    case adapt::target::cross_k: return {param_kind::cross_qkv, S.dim};
+    case adapt::target::cross_v: return {param_kind::cross_qkv, 2 * S.dim};
+    case adapt::target::cross_out: return {param_kind::cross_out, 0};
+    case adapt::target::fc1: return {param_kind::ffn_up, 0};
+    case adapt::target::fc2: return {param_kind::ffn_down, 0};
+    case adapt::target::head: return {param_kind::head, 0};
+  }
+  return {param_kind::qkv, 0};
+}
+
+template <shape S, class Conds = no_conditions, class Adapt = adapt::none>
 struct param_table {
   static constexpr bool cross = fusion_of<Conds>() == fuse::method::cross;
+  static_assert(cross || !(Adapt::adapts(adapt::target::cross_q) || Adapt::adapts(adapt::target::cross_k) ||
+                           Adapt::adapts(adapt::target::cross_v) || Adapt::adapts(adapt::target::cross_out)),
+                "etude::adapt::lora: a cross-attention target on a model without cross-attention (its conditions "
+                "are not fused by fuse::cross): drop the cross_* targets");
   static constexpr int per_layer = cross ? 12 : 8;
-  static constexpr std::size_t count = static_cast<std::size_t>(2 * S.codebooks + per_layer * S.layers + 2 +
-                                                                2 * Conds::count + Conds::attributes);
+  // adapters: per layer, every target but the heads; the heads one per codebook; two tensors each
+  static constexpr int layer_targets = [] {
+    int n = 0;
+    for (const adapt::target t : Adapt::targets) n += t != adapt::target::head;
+    return n;
+  }();
+  static constexpr std::size_t adapter_count = static_cast<std::size_t>(
+      2 * (layer_targets * S.layers + (Adapt::adapts(adapt::target::head) ? S.codebooks : 0)));
+  static constexpr std::size_t count = adapter_count + static_cast<std::size_t>(2 * S.codebooks + per_layer * S.layers +
+                                                                                2 + 2 * Conds::count + Conds::attributes);
+  using adapters = Adapt;
+  static constexpr shape model_shape = S;
+  // The same model's table without adapters (what generators, merged exports and files of base
+  // weights hold).
+  using base = param_table<S, Conds>;
 
   static constexpr std::array<param_desc, count> make() {
     std::array<param_desc, count> t{};
     std::size_t i = 0;
     index_t offset = 0;
     auto add = [&](param_kind kind, int layer, int codebook, index_t rows, index_t cols, init_kind init,
-                   const char* label = nullptr, index_t fan_in = 0) {
-      t[i++] = param_desc{kind, layer, codebook, rows, cols, offset, init, label, fan_in != 0 ? fan_in : cols};
+                   const char* label = nullptr, index_t fan_in = 0, adapt::target target = {}) {
+      t[i++] = param_desc{kind, layer, codebook, rows, cols, offset, init, label, fan_in != 0 ? fan_in : cols, target};
       offset += detail::align16(rows * cols);
     };
     const index_t d = S.dim, f = S.ffn(), c = S.card;
+    if constexpr (Adapt::any) {
+      const index_t r = Adapt::rank;
+      auto adapter = [&](adapt::target tg, int layer, int codebook) {
+        const auto [out, in] = adapted_shape<S>(tg);
+        add(param_kind::lora_a, layer, codebook, r, in, init_kind::uniform, nullptr, in, tg);
+        add(param_kind::lora_b, layer, codebook, out, r, init_kind::zeros, nullptr, r, tg);
+      };
+      for (int l = 0; l < S.layers; ++l)
+        for (int j = 0; j < adapt::target_count; ++j)
+          if (const auto tg = static_cast<adapt::target>(j); tg != adapt::target::head && Adapt::adapts(tg)) adapter(tg, l, -1);
+      if (Adapt::adapts(adapt::target::head))
+        for (int k = 0; k < S.codebooks; ++k) adapter(adapt::target::head, -1, k);
+    }
     for (int j = 0; j < Conds::count; ++j) {
       const condition_desc& cd = Conds::list[static_cast<std::size_t>(j)];
       if (cd.kind == cond::condition_kind::attribute) add(param_kind::cond_table, -1, j, cd.values, cd.width, init_kind::normal, cd.name);
@@ -135,6 +209,29 @@ struct param_table {
   static constexpr const param_desc& at(param_kind kind, int layer = -1, int codebook = -1) {
     return entries[index_of(kind, layer, codebook)];
   }
+  // An adapter's A (lora_a) or B (lora_b) on a target of a layer (or head codebook); count if none.
+  static constexpr std::size_t index_of(param_kind kind, adapt::target tg, int layer, int codebook = -1) {
+    for (std::size_t i = 0; i < adapter_count; ++i)
+      if (entries[i].kind == kind && entries[i].target == tg && entries[i].layer == layer &&
+          entries[i].codebook == codebook)
+        return i;
+    return count;
+  }
+  static constexpr const param_desc& at(param_kind kind, adapt::target tg, int layer, int codebook = -1) {
+    return entries[index_of(kind, tg, layer, codebook)];
+  }
+  // A descriptor's place in this table (its twin's, for a descriptor of another table of the
+  // same model); count if none.
+  static constexpr std::size_t index_of(const param_desc& p) {
+    if (p.kind == param_kind::lora_a || p.kind == param_kind::lora_b) return index_of(p.kind, p.target, p.layer, p.codebook);
+    return index_of(p.kind, p.layer, p.codebook);
+  }
+  // The stream a tensor's initialiser draws from: its place in the base table for base tensors
+  // (so adapters change no base weight's initial value), after the base's for adapters.
+  static constexpr std::size_t init_stream(std::size_t i) {
+    return i < adapter_count ? base::count + i : i - adapter_count;
+  }
+  static constexpr bool is_adapter(std::size_t i) { return i < adapter_count; }
 };
 
 // The scale of a tensor's initialiser: std for truncated normals, the bound for uniforms.
@@ -153,6 +250,7 @@ inline double init_scale(const param_desc& p) {
       return 1.0 / std::sqrt(static_cast<double>(p.cols));
     case param_kind::cond_proj:
     case param_kind::cond_bias:
+    case param_kind::lora_a:  // PEFT: kaiming-uniform with a = √5, a bound of 1/√in
       return 1.0 / std::sqrt(static_cast<double>(p.fan_in));
     case param_kind::cond_table:
       return 1.0;
@@ -164,6 +262,27 @@ inline double init_scale(const param_desc& p) {
     default:
       return 0.0;
   }
+}
+
+// The module an adapter sits on, named as AudioCraft's state dict names the projection (the packed
+// q/k/v projections by slice, as q_proj, k_proj and v_proj); its tensors are <module>.lora_A.weight
+// and <module>.lora_B.weight, PEFT's suffixes.
+inline std::string adapted_module(const param_desc& p) {
+  const std::string layer = "transformer.layers." + std::to_string(p.layer) + ".";
+  switch (p.target) {
+    case adapt::target::q: return layer + "self_attn.q_proj";
+    case adapt::target::k: return layer + "self_attn.k_proj";
+    case adapt::target::v: return layer + "self_attn.v_proj";
+    case adapt::target::out: return layer + "self_attn.out_proj";
+    case adapt::target::cross_q: return layer + "cross_attention.q_proj";
+    case adapt::target::cross_k: return layer + "cross_attention.k_proj";
+    case adapt::target::cross_v: return layer + "cross_attention.v_proj";
+    case adapt::target::cross_out: return layer + "cross_attention.out_proj";
+    case adapt::target::fc1: return layer + "linear1";
+    case adapt::target::fc2: return layer + "linear2";
+    case adapt::target::head: return "linears." + std::to_string(p.codebook);
+  }
+  return "?";
 }
 
 // AudioCraft's state-dict name of a tensor: checkpoints and parity tests use these.
@@ -190,6 +309,8 @@ inline std::string param_name(const param_desc& p) {
     case param_kind::norm_cross_bias: return layer + "norm_cross.bias";
     case param_kind::cross_qkv: return layer + "cross_attention.in_proj_weight";
     case param_kind::cross_out: return layer + "cross_attention.out_proj.weight";
+    case param_kind::lora_a: return adapted_module(p) + ".lora_A.weight";
+    case param_kind::lora_b: return adapted_module(p) + ".lora_B.weight";
   }
   return "?";
 }

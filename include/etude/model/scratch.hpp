@@ -17,27 +17,36 @@
 namespace etude {
 
 // Scratch for the heads and the backward pass, laid out for exactly `rows` positions (B·S, or
-// B·(LC+S) with fuse::prepend),
-// in the activation dtype: every user of the scratch takes its pointers from here.
-template <shape S, class A>
+// B·(LC+S) with fuse::prepend), in the activation dtype: every user of the scratch takes its
+// pointers from here. With low-rank adapters of rank R (config/adapt.hpp), two (rows, R) buffers
+// hold an adapter's x·Aᵀ and dy·B for the one product that needs them.
+template <shape S, class A, int R = 0>
 struct transformer_scratch {
   static constexpr index_t part(index_t rows, index_t width) {
     return arena::round_up(rows * width * static_cast<index_t>(sizeof(A)));
   }
   static constexpr index_t bytes(index_t rows) {
-    return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card);
+    return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card) +
+           2 * part(rows, R);
   }
   A* dx;      // (BS, D)  gradient of the residual stream
   A* dh;      // (BS, D)  gradient entering a block; dlnf from the heads
   A* dqkv;    // (BS, 3D)
   A* dffn;    // (BS, F)
   A* logits;  // (BS, C)  one codebook's logits, then their gradient
-  transformer_scratch(std::byte* base, index_t rows)
+  A* lora_x;  // (BS, R)  an adapter's input times Aᵀ               (R > 0)
+  A* lora_dy; // (BS, R)  an adapter's output gradient times B      (R > 0)
+  index_t rows;
+  transformer_scratch(std::byte* base, index_t rows_)
       : dx(at(base, 0)),
-        dh(at(base, part(rows, S.dim))),
-        dqkv(at(base, 2 * part(rows, S.dim))),
-        dffn(at(base, 2 * part(rows, S.dim) + part(rows, 3 * S.dim))),
-        logits(at(base, 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()))) {}
+        dh(at(base, part(rows_, S.dim))),
+        dqkv(at(base, 2 * part(rows_, S.dim))),
+        dffn(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim))),
+        logits(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()))),
+        lora_x(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()) + part(rows_, S.card))),
+        lora_dy(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()) + part(rows_, S.card) +
+                         part(rows_, R))),
+        rows(rows_) {}
 
  private:
   static A* at(std::byte* base, index_t offset) { return reinterpret_cast<A*>(base + offset); }

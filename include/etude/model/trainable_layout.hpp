@@ -34,6 +34,8 @@ constexpr group group_of(param_kind k) {
     case param_kind::norm_cross_bias:
     case param_kind::cross_qkv:
     case param_kind::cross_out: return group::cross_attention;
+    case param_kind::lora_a:
+    case param_kind::lora_b: return group::adapters;
   }
   return group::embeddings;
 }
@@ -47,8 +49,9 @@ struct trainable_layout {
   static constexpr std::size_t count = Params::count;
   static constexpr bool all = Trainable::all;
 
-  static constexpr bool trains(std::size_t i) { return Trainable::trains(group_of(Params::entries[i].kind)); }
-  static constexpr bool trains(param_kind k) { return Trainable::trains(group_of(k)); }
+  // adapters (config/adapt.hpp) train whatever the selection says
+  static constexpr bool trains(param_kind k) { return group_of(k) == group::adapters || Trainable::trains(group_of(k)); }
+  static constexpr bool trains(std::size_t i) { return trains(Params::entries[i].kind); }
 
   static constexpr std::array<index_t, count> make_offsets() {
     std::array<index_t, count> o{};
@@ -85,7 +88,7 @@ struct trainable_layout {
   static constexpr index_t offset_of(param_kind kind, int layer = -1, int codebook = -1) {
     return offsets[Params::index_of(kind, layer, codebook)];
   }
-  static constexpr index_t offset_of(const param_desc& p) { return offset_of(p.kind, p.layer, p.codebook); }
+  static constexpr index_t offset_of(const param_desc& p) { return offsets[Params::index_of(p)]; }
 
   // Where backward's "the gradients of [offset, end) are final" from table tensor `i` onwards lands
   // in the packed layout: the first trainable tensor at or after i (the end when none is).

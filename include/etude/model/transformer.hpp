@@ -11,6 +11,10 @@
 // Storage dtypes come from a precision policy (weights param_t, activations and their gradients
 // activation_t, parameter gradients grad_t, statistics and positions compute_t); which
 // activations are kept for backward and which are recomputed comes from a checkpoint policy.
+// Low-rank adapters (config/adapt.hpp) add s·(x·Aᵀ)·Bᵀ to the projections they sit on, unfused:
+// x·Aᵀ goes to a (rows, rank) scratch and the second product accumulates into the projection's
+// output; backward recomputes x·Aᵀ rather than keep it. Where an adapter sits on linear1 or
+// linear2, the GELU is not fused into those products.
 // Works on memory laid out by model/params.hpp, model/activations.hpp and model/scratch.hpp;
 // owns nothing.
 #pragma once
@@ -19,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "etude/config/adapt.hpp"
 #include "etude/config/checkpointing.hpp"
 #include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
@@ -35,10 +40,12 @@ namespace etude {
 // Policy: a precision policy (config/precision.hpp); Ckpt: a checkpoint policy
 // (config/checkpointing.hpp). Every pass takes an observer (model/observer.hpp), told after each op
 // what it wrote; the default observes nothing and costs nothing.
-template <class Model, class Backend, class Policy, class Ckpt = checkpointing::none, class Trainable = train_all>
+template <class Model, class Backend, class Policy, class Ckpt = checkpointing::none, class Trainable = train_all,
+          class Adapt = adapt::none>
 struct transformer {
   static constexpr shape S = Model::shape;
-  using params = typename Model::params;
+  // the model's table, with the adapters' tensors in front (model/params.hpp)
+  using params = typename Model::template adapted_params<Adapt>;
   // where gradients go: packed over what trains (model/trainable_layout.hpp); the table under train_all
   using grads = trainable_layout<params, Trainable>;
   using W = typename Policy::param_t;
@@ -51,7 +58,7 @@ struct transformer {
   static constexpr bool prepended = Model::fusion == fuse::method::prepend;
   static constexpr bool conditioned = Model::conditioned;
   using layout = activation_layout<S, A, F, Ckpt, cross>;
-  using scratch_t = transformer_scratch<S, A>;
+  using scratch_t = transformer_scratch<S, A, Adapt::rank>;
   using workspace = op_workspace<F>;
   using condition_t = condition_io<A, F>;
   using condition_layout = condition_sizes<S, conds, Model::fusion, A, F>;
@@ -127,6 +134,58 @@ struct transformer {
     Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ws.gemm);
   }
 
+  // ---- low-rank adapters (config/adapt.hpp) ----
+  // The GELU rides on linear1's product (forward) and linear2's (backward) where the backend fuses
+  // it and no adapter adds to that product.
+  static constexpr bool fused_gelu = ops::fuses_gemm_gelu<Backend> && !Adapt::adapts(adapt::target::fc1);
+  static constexpr bool fused_gelu_bwd = ops::fuses_gemm_gelu<Backend> && !Adapt::adapts(adapt::target::fc2);
+  static constexpr bool adapts(adapt::target t) { return Adapt::adapts(t); }
+  static constexpr index_t R = Adapt::rank;
+  // An adapter's two (rows, R) buffers (the scratch's): x·Aᵀ and s·dy·B, for at most `rows` rows
+  // at a time.
+  struct lora_buffers {
+    A* x = nullptr;
+    A* dy = nullptr;
+    index_t rows = 0;
+  };
+  static lora_buffers lora_of(const scratch_t& sc) {
+    if constexpr (Adapt::any) return {sc.lora_x, sc.lora_dy, sc.rows};
+    else return {};
+  }
+  static const param_desc& adapter(param_kind ab, adapt::target t, int l, int k = -1) { return params::at(ab, t, l, k); }
+  // y (rows, out; ld ldy) += s·(x·Aᵀ)·Bᵀ, x (rows, in; ld ldx): the adapter on target t of layer l
+  // (of head k). In blocks of the scratch's rows (cross-attention's keys and values have more).
+  static void adapter_fwd(const W* p, adapt::target t, int l, int k, const A* x, index_t ldx, A* y, index_t ldy,
+                          index_t rows, const lora_buffers& lb, const workspace& ws) {
+    const param_desc& a = adapter(param_kind::lora_a, t, l, k);
+    const param_desc& b = adapter(param_kind::lora_b, t, l, k);
+    for (index_t r0 = 0; r0 < rows; r0 += lb.rows) {
+      const index_t n = std::min(lb.rows, rows - r0);
+      mm(ws, false, true, n, R, a.cols, 1.0, x + r0 * ldx, ldx, p + a.offset, a.cols, 0.0, lb.x, R);
+      mm(ws, false, true, n, b.rows, R, Adapt::scale, lb.x, R, p + b.offset, R, 1.0, y + r0 * ldy, ldy);
+    }
+  }
+  // Its backward from dy (rows, out; ld ldy): dB += s·dyᵀ·(x·Aᵀ), dA += (s·dy·B)ᵀ·x and
+  // dx (rows, in; ld lddx) += (s·dy·B)·A, x·Aᵀ recomputed.
+  static void adapter_bwd(const W* p, G* g, adapt::target t, int l, int k, const A* x, index_t ldx, const A* dy,
+                          index_t ldy, A* dx, index_t lddx, index_t rows, const lora_buffers& lb, const workspace& ws) {
+    const std::size_t ia = params::index_of(param_kind::lora_a, t, l, k);
+    const param_desc& a = params::entries[ia];
+    const param_desc& b = params::entries[ia + 1];
+    G* ga = g + grads::offsets[ia];
+    G* gb = g + grads::offsets[ia + 1];
+    for (index_t r0 = 0; r0 < rows; r0 += lb.rows) {
+      const index_t n = std::min(lb.rows, rows - r0);
+      const A* xr = x + r0 * ldx;
+      const A* dyr = dy + r0 * ldy;
+      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldx, p + a.offset, a.cols, 0.0, lb.x, R);
+      mm(ws, true, false, b.rows, R, n, Adapt::scale, dyr, ldy, lb.x, R, 1.0, gb, R);
+      mm(ws, false, false, n, R, b.rows, Adapt::scale, dyr, ldy, p + b.offset, R, 0.0, lb.dy, R);
+      mm(ws, true, false, R, a.cols, n, 1.0, lb.dy, R, xr, ldx, 1.0, ga, a.cols);
+      mm(ws, false, false, n, a.cols, R, 1.0, lb.dy, R, p + a.offset, a.cols, 1.0, dx + r0 * lddx, lddx);
+    }
+  }
+
   // What the passes tell an observer.
   using seen = observed_tensor;
   static op_site site(const char* op, int layer, pass_phase ph) { return {op, layer, -1, ph, {}, 0}; }
@@ -154,7 +213,7 @@ struct transformer {
     const index_t len = positions(steps), rows = batch * len;
     const W* tables[K];
     for (int k = 0; k < K; ++k) tables[k] = param(p, param_kind::embedding, -1, k);
-    if constexpr (conditioned) encode_conditions(p, cd, batch, ws, obs);
+    if constexpr (conditioned) encode_conditions(p, cd, batch, ws, lora_of(scratch), obs);
     A* x0 = layer_at(saved, work, 0, rows).x_in;
     if constexpr (prepended) {
       // the token rows with their positions LC.. in scratch.dx, then each example's condition rows
@@ -167,7 +226,7 @@ struct transformer {
     if constexpr (summed) Backend::add_rows(x0, cd.csum, batch, steps, D);
     obs(op_site{"embedding", -1, -1, ph, {param_kind::embedding, -1, 0}, K}, {rows_of("x_in", x0, rows, D)});
     for (int l = 0; l < S.layers; ++l)
-      layer_forward(p, l, layer_at(saved, work, l, rows), batch, len, scratch.dh, ws, true, cd, obs);
+      layer_forward(p, l, layer_at(saved, work, l, rows), batch, len, scratch.dh, lora_of(scratch), ws, true, cd, obs);
     A* lnf = final_at<A>(saved, final_slot::lnf, rows);
     F* mean = final_at<F>(saved, final_slot::lnf_mean, rows);
     F* rstd = final_at<F>(saved, final_slot::lnf_rstd, rows);
@@ -183,7 +242,8 @@ struct transformer {
   // mask). Then, with cross-attention, every layer's keys and values; with fuse::sum, the sum of
   // the conditions per example.
   template <class Obs = no_observer>
-  static void encode_conditions(const W* p, const condition_t& cd, index_t batch, const workspace& ws, Obs obs = {}) {
+  static void encode_conditions(const W* p, const condition_t& cd, index_t batch, const workspace& ws,
+                                const lora_buffers& lb = {}, Obs obs = {}) {
     constexpr pass_phase ph = pass_phase::forward;
     constexpr index_t ldc = LC * D;
     for (int j = 0; j < conds::count; ++j) {
@@ -214,6 +274,10 @@ struct transformer {
         A* kv = cd.kv + l * batch * LC * 2 * D;
         mm(ws, false, true, batch * LC, 2 * D, D, 1.0, cd.cond, D, param(p, param_kind::cross_qkv, l) + D * D, D, 0.0, kv,
            2 * D);
+        if constexpr (adapts(adapt::target::cross_k))
+          adapter_fwd(p, adapt::target::cross_k, l, -1, cd.cond, D, kv, 2 * D, batch * LC, lb, ws);
+        if constexpr (adapts(adapt::target::cross_v))
+          adapter_fwd(p, adapt::target::cross_v, l, -1, cd.cond, D, kv + D, 2 * D, batch * LC, lb, ws);
         obs(site("cross_kv", l, ph, param_kind::cross_qkv),
             {seen::of("cross_kv", kv, batch * LC, 2 * D, row_space::conditions)});
       }
@@ -271,7 +335,8 @@ struct transformer {
   // gemm_gelu writes ffn_pre and ffn_act when both are wanted.
   template <class Obs = no_observer>
   static void layer_forward(const W* p, int l, const layer_view& a, index_t batch, index_t steps, A* free_rows,
-                            const workspace& ws, bool all, const condition_t& cd = {}, Obs obs = {}) {
+                            const lora_buffers& lb, const workspace& ws, bool all, const condition_t& cd = {},
+                            Obs obs = {}) {
     const index_t rows = batch * steps;
     const pass_phase ph = all ? pass_phase::forward : pass_phase::recompute;
     auto need = [&](layer_slot s) { return all || !layout::kept(s, l); };
@@ -286,6 +351,11 @@ struct transformer {
     }
     if (need(layer_slot::qkv)) {
       mm(ws, false, true, rows, 3 * D, D, 1.0, a.ln1, D, param(p, param_kind::qkv, l), D, 0.0, a.qkv, 3 * D);
+      if constexpr (adapts(adapt::target::q)) adapter_fwd(p, adapt::target::q, l, -1, a.ln1, D, a.qkv, 3 * D, rows, lb, ws);
+      if constexpr (adapts(adapt::target::k))
+        adapter_fwd(p, adapt::target::k, l, -1, a.ln1, D, a.qkv + D, 3 * D, rows, lb, ws);
+      if constexpr (adapts(adapt::target::v))
+        adapter_fwd(p, adapt::target::v, l, -1, a.ln1, D, a.qkv + 2 * D, 3 * D, rows, lb, ws);
       obs(site("qkv", l, ph, param_kind::qkv), {rows_of("qkv", a.qkv, rows, 3 * D)});
     }
     if (need(layer_slot::att) || need(layer_slot::att_lse)) {
@@ -301,12 +371,15 @@ struct transformer {
       const char *op, *x, *ln, *mean, *rstd;
       param_kind weight, bias;
     };
-    auto residual_norm = [&](layer_slot x_slot, A* x_next, A* ln, F* mean, F* rstd, const A* x_prev, const A* in,
-                             const char* proj, param_kind w_out, const norm_names& nn, bool want_ln) {
+    // (the out projection's adapter, if any, adds to the product before the residual and the norm)
+    auto residual_norm = [&]<adapt::target Out>(std::integral_constant<adapt::target, Out>, layer_slot x_slot, A* x_next,
+                                                A* ln, F* mean, F* rstd, const A* x_prev, const A* in, const char* proj,
+                                                param_kind w_out, const norm_names& nn, bool want_ln) {
       const W* norm_w = param(p, nn.weight, l);
       const W* norm_b = param(p, nn.bias, l);
       if (need(x_slot) && ops::fuses_residual_layernorm<Backend>) {
         mm(ws, false, true, rows, D, D, 1.0, in, D, param(p, w_out, l), D, 0.0, free_rows, D);
+        if constexpr (adapts(Out)) adapter_fwd(p, Out, l, -1, in, D, free_rows, D, rows, lb, ws);
         obs(site(proj, l, ph, w_out), {rows_of(proj, free_rows, rows, D)});
         Backend::residual_layernorm_fwd(x_next, ln, mean, rstd, x_prev, free_rows, norm_w, norm_b, rows, D);
         obs(site(nn.op, l, ph, nn.weight, 2), {rows_of(nn.x, x_next, rows, D), rows_of(nn.ln, ln, rows, D),
@@ -315,6 +388,7 @@ struct transformer {
         if (need(x_slot)) {
           Backend::copy(x_next, x_prev, rows * D);
           mm(ws, false, true, rows, D, D, 1.0, in, D, param(p, w_out, l), D, 1.0, x_next, D);
+          if constexpr (adapts(Out)) adapter_fwd(p, Out, l, -1, in, D, x_next, D, rows, lb, ws);
           obs(site(proj, l, ph, w_out), {rows_of(nn.x, x_next, rows, D)});
         }
         if (want_ln) {
@@ -323,6 +397,8 @@ struct transformer {
         }
       }
     };
+    constexpr std::integral_constant<adapt::target, adapt::target::out> out_adapter{};
+    constexpr std::integral_constant<adapt::target, adapt::target::cross_out> cross_out_adapter{};
     const bool ln2 = need(layer_slot::ln2) || need(layer_slot::ln2_mean) || need(layer_slot::ln2_rstd);
     constexpr norm_names norm2{"ln2", "x_mid", "ln2", "ln2_mean", "ln2_rstd", param_kind::norm2_weight,
                                 param_kind::norm2_bias};
@@ -330,11 +406,13 @@ struct transformer {
       const bool lnc = need(layer_slot::lnc) || need(layer_slot::lnc_mean) || need(layer_slot::lnc_rstd);
       constexpr norm_names normc{"norm_cross", "x_sa", "lnc", "lnc_mean", "lnc_rstd", param_kind::norm_cross_weight,
                                     param_kind::norm_cross_bias};
-      residual_norm(layer_slot::x_sa, a.x_sa, a.lnc, a.lnc_mean, a.lnc_rstd, a.x_in, a.att, "out_proj",
+      residual_norm(out_adapter, layer_slot::x_sa, a.x_sa, a.lnc, a.lnc_mean, a.lnc_rstd, a.x_in, a.att, "out_proj",
                     param_kind::out_proj, normc, lnc);
       const W* wq = param(p, param_kind::cross_qkv, l);
       if (need(layer_slot::qc)) {
         mm(ws, false, true, rows, D, D, 1.0, a.lnc, D, wq, D, 0.0, a.qc, D);
+        if constexpr (adapts(adapt::target::cross_q))
+          adapter_fwd(p, adapt::target::cross_q, l, -1, a.lnc, D, a.qc, D, rows, lb, ws);
         obs(site("cross_q", l, ph, param_kind::cross_qkv), {rows_of("qc", a.qc, rows, D)});
       }
       if (need(layer_slot::attc) || need(layer_slot::attc_lse)) {
@@ -344,20 +422,22 @@ struct transformer {
         obs(site("cross_attention", l, ph),
             {rows_of("attc", a.attc, rows, D), rows_of("attc_lse", a.attc_lse, rows, S.heads).with_empty_rows_inf()});
       }
-      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc, "cross_out",
+      residual_norm(cross_out_adapter, layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_sa, a.attc, "cross_out",
                     param_kind::cross_out, norm2, ln2);
     } else {
-      residual_norm(layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, a.att, "out_proj",
+      residual_norm(out_adapter, layer_slot::x_mid, a.x_mid, a.ln2, a.ln2_mean, a.ln2_rstd, a.x_in, a.att, "out_proj",
                     param_kind::out_proj, norm2, ln2);
     }
     const W* ffn_up = param(p, param_kind::ffn_up, l);
-    if (need(layer_slot::ffn_pre) && need(layer_slot::ffn_act) && ops::fuses_gemm_gelu<Backend>) {
+    if (need(layer_slot::ffn_pre) && need(layer_slot::ffn_act) && fused_gelu) {
       Backend::gemm_gelu(false, true, rows, FF, D, a.ln2, D, ffn_up, D, a.ffn_pre, a.ffn_act, FF, ws.gemm);
       obs(site("ffn_up", l, ph, param_kind::ffn_up),
           {rows_of("ffn_pre", a.ffn_pre, rows, FF), rows_of("ffn_act", a.ffn_act, rows, FF)});
     } else {
       if (need(layer_slot::ffn_pre)) {
         mm(ws, false, true, rows, FF, D, 1.0, a.ln2, D, ffn_up, D, 0.0, a.ffn_pre, FF);
+        if constexpr (adapts(adapt::target::fc1))
+          adapter_fwd(p, adapt::target::fc1, l, -1, a.ln2, D, a.ffn_pre, FF, rows, lb, ws);
         obs(site("ffn_up", l, ph, param_kind::ffn_up), {rows_of("ffn_pre", a.ffn_pre, rows, FF)});
       }
       if (need(layer_slot::ffn_act)) {
@@ -368,20 +448,28 @@ struct transformer {
     if (all) {
       Backend::copy(a.x_out, a.x_mid, rows * D);
       mm(ws, false, true, rows, D, FF, 1.0, a.ffn_act, FF, param(p, param_kind::ffn_down, l), FF, 1.0, a.x_out, D);
+      if constexpr (adapts(adapt::target::fc2))
+        adapter_fwd(p, adapt::target::fc2, l, -1, a.ffn_act, FF, a.x_out, D, rows, lb, ws);
       obs(site("ffn_down", l, ph, param_kind::ffn_down), {rows_of("x_out", a.x_out, rows, D)});
     }
   }
 
   // Heads and loss for codebook k: *loss += the summed cross-entropy against target ((B·S) token
-  // or −1; with fuse::prepend rows = B·(LC+S) and the prepended rows' targets −1), weighted by *weight. With backward also the head backward: dlnf (B·S, D) =
-  // (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf. The weight carries the loss normalisation
-  // and, with loss scaling, the scale; weight and loss live where the backend runs.
+  // or −1; with fuse::prepend rows = B·(LC+S) and the prepended rows' targets −1), weighted by
+  // *weight; the logits in sc.logits. With backward also the head backward: dlnf (sc.dh, (B·S, D))
+  // = (k ? dlnf : 0) + dlogits·W_k, dW_k += dlogitsᵀ·lnf (and the head's adapter's). The weight
+  // carries the loss normalisation and, with loss scaling, the scale; weight and loss live where
+  // the backend runs.
   template <class Obs = no_observer>
-  static void head(const W* p, G* g, std::byte* saved, A* logits, A* dlnf, const token_t* target, int k,
-                   index_t rows, const F* weight, double* loss, bool backward, const workspace& ws, Obs obs = {}) {
+  static void head(const W* p, G* g, std::byte* saved, const scratch_t& sc, const token_t* target, int k, index_t rows,
+                   const F* weight, double* loss, bool backward, const workspace& ws, Obs obs = {}) {
+    A* logits = sc.logits;
+    A* dlnf = sc.dh;
     const A* lnf = final_at<A>(saved, final_slot::lnf, rows);
     const W* w = param(p, param_kind::head, -1, k);
     mm(ws, false, true, rows, C, D, 1.0, lnf, D, w, D, 0.0, logits, C);
+    if constexpr (adapts(adapt::target::head))
+      adapter_fwd(p, adapt::target::head, -1, k, lnf, D, logits, C, rows, lora_of(sc), ws);
     obs(site("head", -1, pass_phase::forward, param_kind::head, 1, k), {rows_of("logits", logits, rows, C)});
     Backend::softmax_xent(logits, target, rows, C, weight, loss);
     obs({"softmax_xent", -1, k, pass_phase::forward, {}, 0},
@@ -389,6 +477,8 @@ struct transformer {
     if (backward) {
       constexpr pass_phase ph = pass_phase::backward;
       mm(ws, false, false, rows, D, C, 1.0, logits, C, w, D, k == 0 ? 0.0 : 1.0, dlnf, D);
+      if constexpr (adapts(adapt::target::head))
+        adapter_bwd(p, g, adapt::target::head, -1, k, lnf, D, logits, C, dlnf, D, rows, lora_of(sc), ws);
       obs(site("head/dx", -1, ph, param_kind::head, 1, k), {rows_of("dlnf", dlnf, rows, D)});
       if constexpr (trains(param_kind::head)) {
         mm(ws, true, false, C, D, rows, 1.0, logits, C, lnf, D, 1.0, gparam(g, param_kind::head, -1, k), D);
@@ -417,6 +507,7 @@ struct transformer {
     A* dh = scratch.dh;
     A* dqkv = scratch.dqkv;
     A* dffn = scratch.dffn;
+    const lora_buffers lb = lora_of(scratch);
     Backend::fill_zero(dx, rows * D);
     if constexpr (conditioned) Backend::fill_zero(cd.dcond, batch * LC * D);
     Backend::layernorm_bwd(dx, gparam(g, param_kind::out_norm_weight), gparam(g, param_kind::out_norm_bias), dh,
@@ -430,17 +521,19 @@ struct transformer {
       const layer_view a = layer_at(saved, work, l, rows);
       // dh is free here: the previous layer's LayerNorm backward consumed it, and the ops below
       // write it before they read it
-      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, ws, false, cd, obs);
+      if (layout::layer_work_bytes(l, rows) > 0) layer_forward(p, l, a, batch, len, dh, lb, ws, false, cd, obs);
       if constexpr (trains(param_kind::ffn_down)) {
         mm(ws, true, false, D, FF, rows, 1.0, dx, D, a.ffn_act, FF, 1.0, gparam(g, param_kind::ffn_down, l), FF);
         obs(site("ffn_down/dw", l, ph, param_kind::ffn_down), {grad(g, param_kind::ffn_down, l)});
       }
-      if constexpr (ops::fuses_gemm_gelu<Backend>) {
+      if constexpr (fused_gelu_bwd) {
         Backend::gemm_gelu_bwd(false, false, rows, FF, D, dx, D, param(p, param_kind::ffn_down, l), FF, dffn,
                                a.ffn_pre, FF, ws.gemm);
         obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_pre", dffn, rows, FF)});
       } else {
         mm(ws, false, false, rows, FF, D, 1.0, dx, D, param(p, param_kind::ffn_down, l), FF, 0.0, dffn, FF);
+        if constexpr (adapts(adapt::target::fc2))
+          adapter_bwd(p, g, adapt::target::fc2, l, -1, a.ffn_act, FF, dx, D, dffn, FF, rows, lb, ws);
         obs(site("ffn_down/dx", l, ph, param_kind::ffn_down), {rows_of("dffn_act", dffn, rows, FF)});
         Backend::gelu_bwd(dffn, a.ffn_pre, rows * FF);
         obs(site("gelu", l, ph), {rows_of("dffn_pre", dffn, rows, FF)});
@@ -450,6 +543,8 @@ struct transformer {
         obs(site("ffn_up/dw", l, ph, param_kind::ffn_up), {grad(g, param_kind::ffn_up, l)});
       }
       mm(ws, false, false, rows, D, FF, 1.0, dffn, FF, param(p, param_kind::ffn_up, l), D, 0.0, dh, D);
+      if constexpr (adapts(adapt::target::fc1))
+        adapter_bwd(p, g, adapt::target::fc1, l, -1, a.ln2, D, dffn, FF, dh, D, rows, lb, ws);
       obs(site("ffn_up/dx", l, ph, param_kind::ffn_up), {rows_of("dln2", dh, rows, D)});
       Backend::layernorm_bwd(dx, gparam(g, param_kind::norm2_weight, l), gparam(g, param_kind::norm2_bias, l), dh,
                              a.x_mid, a.ln2_mean, a.ln2_rstd, param(p, param_kind::norm2_weight, l), rows, D);
@@ -461,6 +556,8 @@ struct transformer {
         obs(site("out_proj/dw", l, ph, param_kind::out_proj), {grad(g, param_kind::out_proj, l)});
       }
       mm(ws, false, false, rows, D, D, 1.0, dx, D, param(p, param_kind::out_proj, l), D, 0.0, dh, D);
+      if constexpr (adapts(adapt::target::out))
+        adapter_bwd(p, g, adapt::target::out, l, -1, a.att, D, dx, D, dh, D, rows, lb, ws);
       obs(site("out_proj/dx", l, ph, param_kind::out_proj), {rows_of("datt", dh, rows, D)});
       Backend::template attention_bwd<S.head_dim()>(dqkv, dh, a.att, a.qkv, a.att_lse, batch, len, S.heads,
                                                     ws.attention, ws.attention_size);
@@ -470,6 +567,12 @@ struct transformer {
         obs(site("qkv/dw", l, ph, param_kind::qkv), {grad(g, param_kind::qkv, l)});
       }
       mm(ws, false, false, rows, D, 3 * D, 1.0, dqkv, 3 * D, param(p, param_kind::qkv, l), D, 0.0, dh, D);
+      if constexpr (adapts(adapt::target::q))
+        adapter_bwd(p, g, adapt::target::q, l, -1, a.ln1, D, dqkv, 3 * D, dh, D, rows, lb, ws);
+      if constexpr (adapts(adapt::target::k))
+        adapter_bwd(p, g, adapt::target::k, l, -1, a.ln1, D, dqkv + D, 3 * D, dh, D, rows, lb, ws);
+      if constexpr (adapts(adapt::target::v))
+        adapter_bwd(p, g, adapt::target::v, l, -1, a.ln1, D, dqkv + 2 * D, 3 * D, dh, D, rows, lb, ws);
       obs(site("qkv/dx", l, ph, param_kind::qkv), {rows_of("dln1", dh, rows, D)});
       Backend::layernorm_bwd(dx, gparam(g, param_kind::norm1_weight, l), gparam(g, param_kind::norm1_bias, l), dh,
                              a.x_in, a.ln1_mean, a.ln1_rstd, param(p, param_kind::norm1_weight, l), rows, D);
@@ -516,6 +619,7 @@ struct transformer {
     const index_t rows = batch * steps, crow = batch * LC;
     A* dh = scratch.dh;
     A* dq = scratch.dffn;
+    const lora_buffers lb = lora_of(scratch);
     const W* wq = param(p, param_kind::cross_qkv, l);
     constexpr bool trained = trains(param_kind::cross_qkv);
     G* gq = trained ? gparam(g, param_kind::cross_qkv, l) : nullptr;
@@ -525,6 +629,8 @@ struct transformer {
       obs(site("cross_out/dw", l, ph, param_kind::cross_out), {grad(g, param_kind::cross_out, l)});
     }
     mm(ws, false, false, rows, D, D, 1.0, scratch.dx, D, param(p, param_kind::cross_out, l), D, 0.0, dh, D);
+    if constexpr (adapts(adapt::target::cross_out))
+      adapter_bwd(p, g, adapt::target::cross_out, l, -1, a.attc, D, scratch.dx, D, dh, D, rows, lb, ws);
     obs(site("cross_out/dx", l, ph, param_kind::cross_out), {rows_of("dattc", dh, rows, D)});
     Backend::template cross_attention_bwd<S.head_dim()>(dq, cd.dkv, dh, a.qc, kv, a.attc_lse,
                                                         masks_condition_padding<conds>() ? cd.mask : nullptr, batch,
@@ -537,9 +643,15 @@ struct transformer {
       obs(site("cross_qkv/dw", l, ph, param_kind::cross_qkv), {grad(g, param_kind::cross_qkv, l)});
     }
     mm(ws, false, false, crow, D, 2 * D, 1.0, cd.dkv, 2 * D, wq + D * D, D, 1.0, cd.dcond, D);
+    if constexpr (adapts(adapt::target::cross_k))
+      adapter_bwd(p, g, adapt::target::cross_k, l, -1, cd.cond, D, cd.dkv, 2 * D, cd.dcond, D, crow, lb, ws);
+    if constexpr (adapts(adapt::target::cross_v))
+      adapter_bwd(p, g, adapt::target::cross_v, l, -1, cd.cond, D, cd.dkv + D, 2 * D, cd.dcond, D, crow, lb, ws);
     obs(site("cross_kv/dx", l, ph, param_kind::cross_qkv),
         {seen::of("dcondition", cd.dcond, crow, D, row_space::conditions)});
     mm(ws, false, false, rows, D, D, 1.0, dq, D, wq, D, 0.0, dh, D);
+    if constexpr (adapts(adapt::target::cross_q))
+      adapter_bwd(p, g, adapt::target::cross_q, l, -1, a.lnc, D, dq, D, dh, D, rows, lb, ws);
     obs(site("cross_q/dx", l, ph, param_kind::cross_qkv), {rows_of("dlnc", dh, rows, D)});
     Backend::layernorm_bwd(scratch.dx, gparam(g, param_kind::norm_cross_weight, l),
                            gparam(g, param_kind::norm_cross_bias, l), dh, a.x_sa, a.lnc_mean, a.lnc_rstd,

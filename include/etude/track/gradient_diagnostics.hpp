@@ -99,7 +99,8 @@ struct gradient_report {
 
 // The group a tensor belongs to: "embeddings", "layers.<i>.attention" (norm1, qkv, out_proj and
 // the cross-attention's norm_cross, cross_qkv, cross_out), "layers.<i>.ffn" (norm2, ffn_up,
-// ffn_down), "heads" (out_norm and the output heads), "conditions" (tables, projections, biases).
+// ffn_down), "heads" (out_norm and the output heads), "conditions" (tables, projections, biases),
+// "adapters" (config/adapt.hpp: every adapter's A and B).
 inline std::string gradient_group(const param_desc& p) {
   switch (p.kind) {
     case param_kind::embedding: return "embeddings";
@@ -121,6 +122,8 @@ inline std::string gradient_group(const param_desc& p) {
     case param_kind::cond_table:
     case param_kind::cond_proj:
     case param_kind::cond_bias: return "conditions";
+    case param_kind::lora_a:
+    case param_kind::lora_b: return "adapters";
   }
   return "other";
 }

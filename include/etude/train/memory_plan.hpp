@@ -99,7 +99,8 @@ struct step_workspace {
   using model = typename Config::model;
   using policy = typename Config::precision;
   static constexpr shape S = model::shape;
-  using net = transformer<model, Backend, policy, typename Config::checkpointing, typename Config::trainable>;
+  using net = transformer<model, Backend, policy, typename Config::checkpointing, typename Config::trainable,
+                          typename Config::adapters>;
   using F = typename policy::compute_t;
   static constexpr bool staged = !std::is_same_v<typename policy::activation_t, F>;
 
@@ -146,10 +147,12 @@ constexpr memory_plan plan_memory(index_t microbatch, index_t frames, plan_optio
   using model = typename Config::model;
   using policy = typename Config::precision;
   constexpr shape S = model::shape;
-  constexpr index_t P = model::params::total_elements;
+  // the model's tensors and any adapters' (config/adapt.hpp)
+  using params = typename model::template adapted_params<typename Config::adapters>;
+  constexpr index_t P = params::total_elements;
   // what trains (config/trainable.hpp): gradients and moments cover those tensors only, and a frozen
   // LayerNorm's parameter gradients go to a sink of 2·dim
-  using layout = trainable_layout<typename model::params, typename Config::trainable>;
+  using layout = trainable_layout<params, typename Config::trainable>;
   constexpr index_t PT = layout::total_elements;
   constexpr index_t PG = layout::gradient_elements;
   constexpr int K = S.codebooks;

@@ -58,12 +58,14 @@ class trainer {
   using config = Config;
   using backend_type = Backend;
   using model = typename Config::model;
-  using params = typename model::params;
+  using adapters = typename Config::adapters;  // config/adapt.hpp
+  // the model's table, with the adapters' tensors in front (model/params.hpp)
+  using params = typename model::template adapted_params<adapters>;
   using policy = typename Config::precision;
   using checkpointing = typename Config::checkpointing;
   using optimizer = typename Config::optimizer;
   using trainable = typename Config::trainable;
-  using net = transformer<model, Backend, policy, checkpointing, trainable>;
+  using net = transformer<model, Backend, policy, checkpointing, trainable, adapters>;
   // where the gradients and the optimiser's state of what trains live (model/trainable_layout.hpp)
   using grad_layout = trainable_layout<params, trainable>;
   using workspace_layout = step_workspace<Config, Backend>;

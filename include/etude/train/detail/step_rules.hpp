@@ -57,7 +57,7 @@ void initialise_parameters(T* master, unsigned long long seed) {
   for (std::size_t i = 0; i < Params::count; ++i) {
     const param_desc& p = Params::entries[i];
     T* w = master + p.offset;
-    rng r(seed, i);
+    rng r(seed, Params::init_stream(i));
     const double scale = init_scale(p);
     for (index_t j = 0; j < p.numel(); ++j) {
       switch (p.init) {

@@ -46,7 +46,7 @@ eval_stats trainer<Config, Backend>::evaluate(const batch_view& batch, weight_se
       exec_.load(slot, static_cast<int>(c), reinterpret_cast<std::byte*>(w.seq), sz.inputs());
       net::forward(read, w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond);
       for (int k = 0; k < K; ++k)
-        net::head(read, grads_.device(), w.saved, w.scratch.logits, nullptr, w.target + k * rows, k, rows,
+        net::head(read, grads_.device(), w.saved, w.scratch, w.target + k * rows, k, rows,
                   &control_.scalars()->zero_weight, &r->loss[k], false, w.ops);
     }
     control_.end();

@@ -48,7 +48,7 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
     step_op("load_inputs");
     net::forward(weights(), w.saved, w.work, w.seq, pos_.data(), nb, steps, w.scratch, w.ops, w.cond, obs);
     for (int k = 0; k < K; ++k)
-      net::head(weights(), g, w.saved, w.scratch.logits, w.scratch.dh, w.target + k * rows, k, rows,
+      net::head(weights(), g, w.saved, w.scratch, w.target + k * rows, k, rows,
                 &c->weight[m * K + k], &r->loss[m * K + k], true, w.ops, obs);
     gradient_flow<Obs> flow{obs,   grads,  m == 0 ? nullptr : micro, m == microbatches - 1 ? comm : nullptr,
                             wire_.data(), owners, bucket};
