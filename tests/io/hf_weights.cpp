@@ -3,13 +3,15 @@
 // same bits, as a MusicgenForCausalLM's file and as a MusicgenForConditionalGeneration's (names
 // under "decoder.", found from the file); the EMA exports the same way; a model without
 // cross-attention drops the file's encoder_attn tensors; files that do not fit are refused with
-// the file named and the trainer unchanged.
+// the file named and the trainer unchanged; a trainer with LoRA adapters exports them merged and
+// imports a file into its base.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <vector>
 
 #include <etude/etude.hpp>
+#include <etude/generate/generator.hpp>
 #include <etude/io/hf_weights.hpp>
 
 #include "../data/support.hpp"
@@ -116,4 +118,55 @@ TEST_CASE("a file that does not fit is refused, naming the file, and changes not
   }
   CHECK_THROWS_WITH(io::load_hf_weights(t, dir / "nan.safetensors"), Contains("linears.1.weight") && Contains("non-finite"));
   CHECK(same_bits(floats(t.parameters()), before));
+}
+
+TEST_CASE("a trainer with LoRA adapters exports merged weights and imports into its base", "[hf][weights][lora]") {
+  etude::test::scratch_dir dir;
+  using tg = etude::adapt::target;
+  using lora_cfg = etude::train_config<cross_lm, etude::adapt::lora<4, 8, tg::q, tg::v, tg::cross_q, tg::cross_v, tg::fc1, tg::head>>;
+  using base_cfg = etude::train_config<cross_lm>;
+  etude::cpu_trainer<lora_cfg> a{seeded(1)};
+  using params = etude::cpu_trainer<lora_cfg>::params;
+  etude::rng r(11);
+  for (const auto& p : params::entries)
+    if (p.kind == etude::param_kind::lora_b)
+      for (auto& x : a.tensor_for_write(p)) x = static_cast<float>(r.uniform(-0.1, 0.1));
+  const auto merged = etude::merged_weights(a);
+
+  // Hugging Face names: the adapters folded in, read back by a trainer without them
+  io::save_hf_weights(a, dir / "merged_hf.safetensors");
+  CHECK_FALSE(io::safetensors_file(dir / "merged_hf.safetensors").contains("model.decoder.layers.0.self_attn.q_proj.lora_A.weight"));
+  etude::cpu_trainer<base_cfg> from_hf{seeded(2)};
+  io::load_hf_weights(from_hf, dir / "merged_hf.safetensors");
+  CHECK(same_bits(floats(from_hf.parameters()), merged));
+  // etude's names, merged: the same
+  io::save_merged_weights(a, dir / "merged.safetensors");
+  etude::cpu_trainer<base_cfg> from_etude{seeded(3)};
+  io::load_weights(from_etude, dir / "merged.safetensors");
+  CHECK(same_bits(floats(from_etude.parameters()), merged));
+  // etude's names, unmerged: every tensor, adapters included, back into an adapted trainer
+  io::save_weights(a, dir / "adapted.safetensors");
+  etude::cpu_trainer<lora_cfg> back{seeded(4)};
+  io::load_weights(back, dir / "adapted.safetensors");
+  CHECK(same_bits(floats(back.parameters()), floats(a.parameters())));
+
+  // a Hugging Face file into an adapted trainer: the base replaced, the adapters kept
+  etude::cpu_trainer<lora_cfg> onto{seeded(5)};
+  const auto adapters_before = floats(onto.parameters()).at(0);
+  io::load_hf_weights(onto, dir / "merged_hf.safetensors");
+  CHECK(same_bits(floats(std::span<const float>(etude::base_part<params>(onto.parameters()))), merged));
+  CHECK(floats(onto.parameters()).at(0) == adapters_before);
+
+  // generation from the adapted trainer is generation from the merged weights
+  etude::generator<cross_lm, etude::backend::cpu> adapted_gen(a);
+  etude::generator<cross_lm, etude::backend::cpu> merged_gen(from_etude);
+  etude::generation_options g;
+  g.batch = 2;
+  g.frames = 6;
+  g.seed = 3;
+  etude::condition_input c;
+  c.embeddings.assign(static_cast<std::size_t>(3 * 24), 0.25f);
+  c.embedding_mask.assign(3, 1);
+  const std::vector<etude::condition_input> conds{c, c};
+  CHECK(adapted_gen.generate(g, nullptr, conds).tokens == merged_gen.generate(g, nullptr, conds).tokens);
 }

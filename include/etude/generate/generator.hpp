@@ -22,6 +22,7 @@
 #include "etude/config/precision.hpp"
 #include "etude/core/batch.hpp"
 #include "etude/core/error.hpp"
+#include "etude/model/adapters.hpp"
 #include "etude/core/rng.hpp"
 #include "etude/core/types.hpp"
 #include "etude/generate/conditions.hpp"
@@ -60,10 +61,12 @@ class generator {
       throw invalid_input("generator: " + std::to_string(weights.size()) + " weights given, the model has " +
                           std::to_string(Model::params::total_elements) + ": weights of another model");
   }
-  // From a trainer of the same model and precision: its current working weights.
+  // From a trainer of the same model and precision: its current working weights, with any
+  // low-rank adapters (config/adapt.hpp) folded in (model/adapters.hpp).
   template <class Trainer>
     requires requires(Trainer& t) { t.working_parameters(); }
-  explicit generator(Trainer& t, int device = -1) : generator(t.working_parameters(), device) {
+  explicit generator(Trainer& t, int device = -1)
+      : generator(std::span<const W>(merge_adapters<typename Trainer::params, W>(t.working_parameters())), device) {
     static_assert(std::is_same_v<typename Trainer::model, Model>, "generator: the trainer trains another model");
   }
 

@@ -19,6 +19,7 @@
 #include "etude/io/checkpoint/weights.hpp"
 #include "etude/io/hf_names.hpp"
 #include "etude/io/safetensors.hpp"
+#include "etude/train/adapters.hpp"
 #include "etude/train/stats.hpp"
 
 namespace etude::io {
@@ -74,37 +75,32 @@ void load_hf_weights(Trainer& t, const std::filesystem::path& file, hf_options o
     throw weights_mismatch(file.string() + ": " + std::to_string(not_f32.size()) + " tensor(s) are not F32 (" +
                            detail::quoted_list(not_f32) + "); convert the file to float32 (PyTorch: "
                            "model.float().save_pretrained(...)) and load it again");
-  // the weights as they are (conditions the file has no place for keep them), then the file's
-  const auto now = t.parameters();
+  // the model's weights as they are (conditions the file has no place for keep them; adapters,
+  // which no MusicGen file holds, are not touched), then the file's
+  const auto now = base_part<params>(t.parameters());
   std::vector<float> flat(now.size());
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(now[i]);
   from_hf<model::shape, typename model::conditions>(views, flat, options);
-  for (const param_desc& p : params::entries)
+  for (const param_desc& p : model::params::entries)
     if (const auto bad = detail::first_non_finite(std::span<const float>(flat).subspan(
             static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel()))))
       throw weights_mismatch(file.string() + ": the tensor that maps to " + param_name(p) + " holds a non-finite value (element " +
                              std::to_string(*bad) + "); load a file saved before the weights diverged");
-  const auto w = t.parameters_for_write();
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<typename Trainer::value_type>(flat[i]);
+  set_base_part<params>(t.parameters_for_write(), std::span<const float>(flat));
 }
 
 // Writes the trainer's weights (weight_set::ema: their EMA) under Hugging Face MusicGen's names
 // (options.prefix "decoder." for a MusicgenForConditionalGeneration's file), F32, "format": "pt".
+// Low-rank adapters (config/adapt.hpp) are folded into the weights they adapt (merged_weights):
+// a MusicGen file has no place for them.
 template <class Trainer>
 void save_hf_weights(const Trainer& t, const std::filesystem::path& file, const hf_options& options = {},
                      weight_set from = weight_set::trained) {
   using model = typename Trainer::model;
   if (from == weight_set::ema && !t.has_ema())
     throw invalid_argument("save_hf_weights: weight_set::ema needs a trainer that keeps an EMA (hyper.ema_decay > 0)");
-  std::vector<float> flat;
-  if (from == weight_set::ema) {
-    const auto e = t.ema_parameters();
-    flat.assign(e.begin(), e.end());
-  } else {
-    const auto w = t.parameters();
-    flat.resize(w.size());
-    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(w[i]);
-  }
+  const auto merged = merged_weights(t, from);
+  const std::vector<float> flat(merged.begin(), merged.end());
   const auto views = to_hf<model::shape, typename model::conditions>(std::span<const float>(flat), options);
   safetensors_writer out;
   for (const auto& v : views) out.add(v.name, v.data, v.shape);

@@ -52,7 +52,7 @@ inline std::vector<std::filesystem::path> checkpoints_newest_first(const std::fi
 
 template <class Config>
 cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file, weight_set from) {
-  using params = typename Config::model::params;
+  using params = typename trainer<Config, backend::cpu>::params;  // with any adapters: the generator merges them
   trainer<Config, backend::cpu> t;
   const checkpoint_file c(file);
   const json ours = describe_run(t);

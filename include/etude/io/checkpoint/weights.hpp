@@ -2,6 +2,7 @@
 // safetensors under the table's names (AudioCraft's state-dict names), and load_weights reads such
 // a file strictly (every tensor, exact shapes, F32, finite; the whole file checked before anything
 // is written), or with missing or unknown tensors allowed, and reports what it did.
+// save_merged_weights folds low-rank adapters into the weights they adapt first.
 // Not for: resuming a run (manager.hpp), Hugging Face's names (io/hf_names.hpp maps them).
 #pragma once
 
@@ -21,6 +22,7 @@
 #include "etude/io/checkpoint/run_state.hpp"
 #include "etude/io/safetensors.hpp"
 #include "etude/model/params.hpp"
+#include "etude/train/adapters.hpp"
 #include "etude/train/stats.hpp"
 
 namespace etude::io {
@@ -40,6 +42,31 @@ void save_weights(const Trainer& t, const std::filesystem::path& file, weight_se
                       : std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.rows), static_cast<std::uint64_t>(p.cols)});
   }
   w.metadata("etude.config", describe_run(t)["config"].dump());
+  w.write(file);
+}
+
+// The weights (or their EMA) with the low-rank adapters (config/adapt.hpp) folded in
+// (merged_weights), under the model's own names: what a trainer or generator of the same model
+// without adapters loads (load_weights, generator_from_weights). Metadata "etude.config" is that
+// configuration's; "etude.merged" names the adapters folded in.
+template <class Trainer>
+void save_merged_weights(const Trainer& t, const std::filesystem::path& file, weight_set from = weight_set::trained) {
+  using base = typename Trainer::params::base;
+  const auto merged = merged_weights(t, from);
+  safetensors_writer w;
+  for (const param_desc& p : base::entries) {
+    const std::span<const typename Trainer::value_type> values(merged.data() + p.offset, static_cast<std::size_t>(p.numel()));
+    w.add(param_name(p), values,
+          p.rows == 1 ? std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.cols)}
+                      : std::vector<std::uint64_t>{static_cast<std::uint64_t>(p.rows), static_cast<std::uint64_t>(p.cols)});
+  }
+  json config = describe_run(t)["config"];
+  if (config.contains("adapters")) {
+    w.metadata("etude.merged", config["adapters"].dump());
+    config.erase("adapters");
+    config.erase("trainable");
+  }
+  w.metadata("etude.config", config.dump());
   w.write(file);
 }
 
