@@ -48,6 +48,23 @@ except ImportError as exc:  # the C++ test turns this into a skip with a warning
     sys.exit(3)
 
 
+def tiny_model(k, c, d, h, layers):
+    """A random MusicgenForCausalLM computing what etude's LM does (the configuration above), in eval
+    mode, its LayerNorm parameters moved off 1 and 0. Also the base of peft_lora_ref.py."""
+    config = MusicgenDecoderConfig(
+        vocab_size=c, num_codebooks=k, hidden_size=d, num_attention_heads=h, num_hidden_layers=layers,
+        ffn_dim=4 * d, max_position_embeddings=64, activation_function="gelu", scale_embedding=False,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0,
+        # transformers draws N(0, initializer_factor): D**-0.5 keeps activations and logits of order 1
+        initializer_factor=d ** -0.5, pad_token_id=c, bos_token_id=c, tie_word_embeddings=False)
+    model = MusicgenForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # LayerNorm weights and biases: off 1 and 0, so a swapped pair shows
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "probe":
         print(f"torch {torch.__version__}, transformers {transformers.__version__}")
@@ -61,17 +78,7 @@ def main():
     k, c, d, h, layers, s, b, lc = (int(v) for v in sys.argv[3:])
     torch.manual_seed(20240612)
     torch.set_num_threads(1)
-    config = MusicgenDecoderConfig(
-        vocab_size=c, num_codebooks=k, hidden_size=d, num_attention_heads=h, num_hidden_layers=layers,
-        ffn_dim=4 * d, max_position_embeddings=64, activation_function="gelu", scale_embedding=False,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0,
-        # transformers draws N(0, initializer_factor): D**-0.5 keeps activations and logits of order 1
-        initializer_factor=d ** -0.5, pad_token_id=c, bos_token_id=c, tie_word_embeddings=False)
-    model = MusicgenForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:  # LayerNorm weights and biases: off 1 and 0, so a swapped pair shows
-                p.add_(0.2 * torch.randn_like(p))
+    model = tiny_model(k, c, d, h, layers)
 
     tokens = torch.randint(0, c + 1, (b, k, s))  # (B, K, S), the special token C included
     mask = torch.zeros(b, lc, dtype=torch.long)  # (B, LC)
