@@ -754,7 +754,10 @@ void check_frozen_resume(const char* name, const std::string& trained = "transfo
   const auto saved = saved_checkpoint(straight, dir);
   using T = trainer_for<Config>;
   const std::string slot = T::config::optimizer::state_names[0];
-  CHECK(saved.tensors().contains("model." + frozen));
+  // with adapters the frozen base is not saved, only its digest
+  constexpr bool adapted = T::params::adapter_count > 0;
+  CHECK(saved.tensors().contains("model." + frozen) == !adapted);
+  CHECK(saved.state().contains("base") == adapted);
   CHECK_FALSE(saved.tensors().contains("optim." + slot + "." + frozen));
   CHECK(saved.tensors().contains("optim." + slot + "." + trained));
   CHECK(saved.state()["config"].contains("trainable"));
@@ -899,7 +902,7 @@ TEST_CASE("contract: LoRA: only the adapters have gradients and state, and only 
   SECTION("fp16, rsLoRA on q and v") { contract::check_lora_base_frozen<contract_fp16_lora>(); }
 }
 
-TEST_CASE("contract: LoRA: a run saves its adapters and their state, and resumes bit for bit", "[contract][lora]" ETUDE_CONTRACT_TAG) {
+TEST_CASE("contract: LoRA: a run saves its adapters, their state and its base's digest, and resumes bit for bit", "[contract][lora]" ETUDE_CONTRACT_TAG) {
   SECTION("fp32") {
     contract::check_frozen_resume<contract_lora>("lora-fp32", "transformer.layers.0.linear1.lora_B.weight",
                                                  "transformer.layers.0.linear1.weight");
@@ -910,11 +913,19 @@ TEST_CASE("contract: LoRA: a run saves its adapters and their state, and resumes
   }
   // another adapter configuration is another run
   namespace fs = std::filesystem;
+  using contract_lora_params = contract::trainer_for<contract_lora>::params;
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-lora-other-" + std::to_string(::getpid()));
   contract::trainer_for<contract_lora> lora{contract::contract_hyper()};
   lora.step(contract::random_batch(4, 12, 120));
   const auto saved = contract::saved_checkpoint(lora, dir);
   contract::trainer_for<contract_frozen> frozen{contract::contract_hyper()};
   CHECK_THROWS_WITH(etude::io::restore(frozen, saved), Catch::Contains("adapters"));
+  // the same configuration over other base weights (one value of one frozen tensor changed, as
+  // another base file would) is refused, unchanged
+  contract::trainer_for<contract_lora> other{contract::contract_hyper()};
+  other.tensor_for_write(contract_lora_params::at(etude::param_kind::ffn_down, 1))[5] += 0.25f;
+  const contract::snapshot before(other);
+  CHECK_THROWS_WITH(etude::io::restore(other, saved), Catch::Contains("other base weights") && Catch::Contains("init_weights"));
+  CHECK(contract::snapshot(other) == before);
   fs::remove_all(dir);
 }

@@ -159,3 +159,23 @@ TEST_CASE("LoRA: merged weights are W + s·B·A, the rest unchanged", "[lora]") 
       }
   }
 }
+
+TEST_CASE("LoRA: base weights written before the first step are the EMA's too", "[lora][ema]") {
+  // a fine-tuning run loads its base after the trainer is built; the EMA of a frozen tensor, which
+  // no update moves, must be that base, not the initialisation it replaced
+  using cfg = etude::train_config<plain_lm, every_target>;
+  etude::hyper h;
+  h.ema_decay = 0.9;
+  etude::trainer<cfg, etude::backend::cpu> tr{h};
+  using params = decltype(tr)::params;
+  etude::rng r(5);
+  for (auto& x : tr.parameters_for_write()) x = static_cast<float>(r.uniform(-0.2, 0.2));
+  tr.step(tokens(2, 5, 23));
+  const auto w = tr.parameters();
+  const auto e = tr.ema_parameters();
+  for (std::size_t i = params::adapter_count; i < params::count; ++i) {
+    const auto& p = params::entries[i];
+    INFO(etude::param_name(p));
+    CHECK(std::equal(w.begin() + p.offset, w.begin() + p.offset + p.numel(), e.begin() + p.offset));
+  }
+}

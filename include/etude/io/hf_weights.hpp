@@ -89,6 +89,24 @@ void load_hf_weights(Trainer& t, const std::filesystem::path& file, hf_options o
   set_base_part<params>(t.parameters_for_write(), std::span<const float>(flat));
 }
 
+// Which names a weights file uses.
+enum class weight_names : unsigned char { etude, hugging_face };
+
+// A weights file in either names into the trainer: Hugging Face MusicGen's (load_hf_weights,
+// condition tensors it has no place for keeping their values) or etude's (load_weights, strict; an
+// adapted trainer takes its base model's file). Returns which it was.
+template <class Trainer>
+weight_names load_any_weights(Trainer& t, const std::filesystem::path& file) {
+  if (hf_prefix_of(safetensors_file(file))) {
+    hf_options hf;
+    hf.skip_unmapped_conditions = true;
+    load_hf_weights(t, file, hf);
+    return weight_names::hugging_face;
+  }
+  load_weights(t, file);
+  return weight_names::etude;
+}
+
 // Writes the trainer's weights (weight_set::ema: their EMA) under Hugging Face MusicGen's names
 // (options.prefix "decoder." for a MusicgenForConditionalGeneration's file), F32, "format": "pt".
 // Low-rank adapters (config/adapt.hpp) are folded into the weights they adapt (merged_weights):

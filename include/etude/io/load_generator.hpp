@@ -6,7 +6,9 @@
 // must have been written by the same configuration (model, precision, policies: a difference is
 // named); its hyperparameters, optimiser state and data do not matter for sampling and are not
 // checked. Reading changes nothing on disk (unlike checkpoint_manager::resume, which sets
-// rejected checkpoints aside).
+// rejected checkpoints aside). A checkpoint of a configuration with low-rank adapters holds what
+// trains and the digest of its base (config/adapt.hpp): `base` names the weights file the run
+// started from (its init_weights; none: the run's initialisation), checked against that digest.
 // Host only (io/ uses Hana and nlohmann_json): CUDA units include generate/generator.hpp. In io/,
 // not generate/: reading files is io's floor, and generate/ includes nothing of io/.
 // Not for: sampling itself (generate/), resuming a run (io/checkpoint.hpp: checkpoint_manager).
@@ -22,6 +24,7 @@
 #include "etude/backend/cpu/executor.hpp"
 #include "etude/generate/generator.hpp"
 #include "etude/io/checkpoint.hpp"
+#include "etude/io/hf_weights.hpp"
 #include "etude/train/trainer.hpp"
 
 namespace etude::io {
@@ -51,10 +54,16 @@ inline std::vector<std::filesystem::path> checkpoints_newest_first(const std::fi
 }
 
 template <class Config>
-cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file, weight_set from) {
-  using params = typename trainer<Config, backend::cpu>::params;  // with any adapters: the generator merges them
-  trainer<Config, backend::cpu> t;
+cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path& file, weight_set from,
+                                                     const std::filesystem::path& base) {
+  using T = trainer<Config, backend::cpu>;
+  using params = typename T::params;  // with any adapters: the generator merges them
   const checkpoint_file c(file);
+  // the run's seed: an adapter checkpoint's base may be the run's initialisation
+  hyper h;
+  if (const json hy = c.state().value("hyper", json(nullptr)); hy.is_object() && hy.contains("seed") && hy["seed"].is_number_unsigned())
+    h.seed = hy["seed"].get<unsigned long long>();
+  T t{h};
   const json ours = describe_run(t);
   const json theirs{{"config", c.state().value("config", json(nullptr))}};
   if (auto diff = config_diff(json{{"config", ours["config"]}}, theirs, "the checkpoint"); !diff.empty()) {
@@ -67,8 +76,20 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
   if (ema && !c.state().value("ema", json(nullptr)).is_object())
     throw checkpoint_error(file.string() + ": this checkpoint keeps no EMA of the weights (its run had ema_decay 0); "
                                            "generate from its trained weights");
+  if (!base.empty()) load_any_weights(t, base);
+  if constexpr (detail::adapter_checkpoint<T>) {
+    const json saved = c.state().value("base", json(nullptr));
+    const std::string want = saved.is_object() ? saved.value("digest", std::string()) : std::string();
+    if (want != detail::base_digest(t))
+      throw checkpoint_mismatch(file.string() + ": its adapters were trained on other base weights than " +
+                                (base.empty() ? std::string("this configuration's initialisation")
+                                              : "those of " + base.string()) +
+                                " (digest " + (want.empty() ? std::string("none") : want) +
+                                "); give the base weights the run started from (its init_weights)");
+  }
   auto master = t.parameters_for_write();
   for (const param_desc& d : params::entries) {
+    if (detail::adapter_checkpoint<T> && detail::state_offset_of<T>(d) < 0) continue;  // the base, above
     const std::string key = (ema ? "ema." : "model.") + param_name(d);
     if (!c.tensors().contains(key)) throw checkpoint_error(file.string() + ": tensor " + key + " is missing");
     const auto values = c.tensors().template as<float>(key);
@@ -85,8 +106,9 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
 // and matches; the reasons of every one refused are named when none does), or a run directory
 // (its checkpoints/).
 template <class Config>
-cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& given, weight_set from = weight_set::trained) {
-  if (!std::filesystem::is_directory(given)) return detail::generator_from_checkpoint_file<Config>(given, from);
+cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& given, weight_set from = weight_set::trained,
+                                                const std::filesystem::path& base = {}) {
+  if (!std::filesystem::is_directory(given)) return detail::generator_from_checkpoint_file<Config>(given, from, base);
   std::filesystem::path path = given;
   if (detail::checkpoints_newest_first(path).empty() && std::filesystem::is_directory(given / "checkpoints"))
     path = given / "checkpoints";
@@ -97,7 +119,7 @@ cpu_generator<Config> generator_from_checkpoint(const std::filesystem::path& giv
   std::string reasons;
   for (const auto& f : files) {
     try {
-      return detail::generator_from_checkpoint_file<Config>(f, from);
+      return detail::generator_from_checkpoint_file<Config>(f, from, base);
     } catch (const checkpoint_mismatch&) {
       throw;  // another configuration: a different run, not a damaged file
     } catch (const error& e) {

@@ -440,13 +440,7 @@ result session<Trainer>::run() {
   if (!o_.init_weights.empty()) {
     const std::string where = "init_weights: ";
     try {
-      if (parts_.data["init_weights"]["names"] == "hugging face") {
-        io::hf_options hf;
-        hf.skip_unmapped_conditions = true;
-        io::load_hf_weights(trainer, o_.init_weights, hf);
-      } else {
-        io::load_weights(trainer, o_.init_weights);
-      }
+      io::load_any_weights(trainer, o_.init_weights);
     } catch (const error& e) {
       throw invalid_argument(where + e.what());
     }

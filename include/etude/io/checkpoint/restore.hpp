@@ -103,6 +103,17 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
     if (auto diff = config_diff(data, saved, "the checkpoint"); !diff.empty())
       refuse("trained on other data", diff, "resume with the data the run started on, or start a new run directory");
 
+  // an adapter checkpoint holds what trains; its base must be the one this trainer holds
+  if constexpr (detail::adapter_checkpoint<Trainer>) {
+    const json base = c.state().value("base", json(nullptr));
+    const std::string here = detail::base_digest(t);
+    const std::string saved = base.is_object() ? base.value("digest", std::string()) : std::string();
+    if (saved != here)
+      throw checkpoint_mismatch(where + ": its adapters were trained on other base weights (digest " +
+                                (saved.empty() ? std::string("none") : saved) + "; this trainer's frozen weights: " + here +
+                                "); refusing to resume. Load the base weights the run started from (init_weights, "
+                                "etude::io::load_hf_weights or load_weights) into the trainer first");
+  }
   staged_checkpoint s;
   s.accepted = std::move(accepted);
   s.step = c.step();
@@ -121,7 +132,17 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
                                std::to_string(*bad) + "; this checkpoint cannot continue a run");
       std::copy(values.begin(), values.end(), into.begin() + d.offset);
     };
-    for (const param_desc& d : params::entries) put(s.params, d, "model." + param_name(d));
+    // a frozen tensor of an adapter checkpoint is the trainer's own (its digest was checked above),
+    // and so is its EMA
+    auto put_or_keep = [&](std::vector<float>& into, const param_desc& d, const std::string& key) {
+      if (detail::adapter_checkpoint<Trainer> && detail::state_offset_of<Trainer>(d) < 0) {
+        const auto w = t.tensor(d);
+        std::copy(w.begin(), w.end(), into.begin() + d.offset);
+      } else {
+        put(into, d, key);
+      }
+    };
+    for (const param_desc& d : params::entries) put_or_keep(s.params, d, "model." + param_name(d));
     // the EMA: a trainer that keeps one takes the checkpoint's (which the configuration check above
     // found to have the same decay and cadence, or accepted a change); where the checkpoint has none
     // (an accepted change of ema_decay from 0), the average starts again from the weights
@@ -134,7 +155,7 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
         throw checkpoint_error(where + ": etude.state: ema.count must be a finite number >= 0, not " + count.dump());
       s.ema_count = count.get<double>();
       s.ema.assign(n, 0.0f);
-      for (const param_desc& d : params::entries) put(s.ema, d, "ema." + param_name(d));
+      for (const param_desc& d : params::entries) put_or_keep(s.ema, d, "ema." + param_name(d));
     }
     // this trainer's range of the optimiser state (the whole, but for a ZeRO-1 rank), re-cut from
     // whatever layout the checkpoint was saved in

@@ -58,6 +58,9 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
                       "earlier checkpoint with a lower learning rate)");
   };
   for (const param_desc& p : params::entries) {
+    // with adapters, what trains alone: the frozen base is named by its digest below
+    if constexpr (detail::adapter_checkpoint<Trainer>)
+      if (detail::state_offset_of<Trainer>(p) < 0) continue;
     s.names.push_back(param_name(p));
     s.rows.push_back(static_cast<std::uint64_t>(p.rows));
     s.cols.push_back(static_cast<std::uint64_t>(p.cols));
@@ -98,6 +101,11 @@ checkpoint_snapshot take_snapshot(const Trainer& t, const run_state& rs) {
   st["extra"] = rs.extra;
   if constexpr (requires { t.ema_count(); })
     if (!s.ema.empty()) st["ema"] = {{"count", t.ema_count()}};
+  if constexpr (detail::adapter_checkpoint<Trainer>) {
+    std::size_t frozen = 0;
+    for (const param_desc& p : params::entries) frozen += detail::state_offset_of<Trainer>(p) < 0;
+    st["base"] = {{"digest", detail::base_digest(t)}, {"tensors", frozen}};
+  }
   st["wall_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   s.state = std::move(st);
   return s;

@@ -113,7 +113,9 @@ inline std::string quoted_list(const std::vector<std::string>& names) {
 // PyTorch's nn.Linear (out, in) order), dtype F32 and finite values. The whole file is checked
 // before anything is written; one weights_mismatch lists every problem, and the trainer is then
 // unchanged. `options` allows missing tensors (kept at their values) or unknown ones (skipped);
-// the report says which tensors were loaded, kept and skipped.
+// the report says which tensors were loaded, kept and skipped. A trainer with low-rank adapters
+// (config/adapt.hpp) also takes a file of its base model, with no adapter tensor at all: its
+// adapters keep their values.
 template <class Trainer>
 weight_load_report load_weights(Trainer& t, const std::filesystem::path& file, weight_load options = {}) {
   const safetensors_file st(file);
@@ -123,10 +125,16 @@ weight_load_report load_weights(Trainer& t, const std::filesystem::path& file, w
   weight_load_report report;
   std::vector<std::string> problems, missing, unknown;
   std::vector<std::pair<const param_desc*, std::span<const std::byte>>> accepted;
+  // a file of the base model (no adapter tensors at all) loads into an adapted trainer: its
+  // adapters keep their values, as a fine-tuning run's start
+  bool base_file = Trainer::params::adapter_count > 0;
+  for (std::size_t i = 0; i < Trainer::params::adapter_count; ++i)
+    base_file = base_file && !st.contains(param_name(Trainer::params::entries[i]));
   for (const param_desc& p : Trainer::params::entries) {
     const std::string name = param_name(p);
     if (!st.contains(name)) {
-      missing.push_back(name);
+      if (base_file && (p.kind == param_kind::lora_a || p.kind == param_kind::lora_b)) report.kept.push_back(name);
+      else missing.push_back(name);
       continue;
     }
     const tensor_info& info = st.info(name);
@@ -199,7 +207,7 @@ weight_load_report load_weights(Trainer& t, const std::filesystem::path& file, w
     std::memcpy(t.tensor_for_write(*p).data(), bytes.data(), bytes.size());
     report.loaded.push_back(param_name(*p));
   }
-  report.kept = std::move(missing);
+  report.kept.insert(report.kept.end(), missing.begin(), missing.end());
   report.skipped = std::move(unknown);
   return report;
 }

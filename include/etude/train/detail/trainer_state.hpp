@@ -114,6 +114,9 @@ void trainer<Config, Backend>::prepare_state() {
     view_written_ = false;
     view_ = {};
   }
+  // before its first update the EMA is the weights: weights written until then (a base loaded
+  // into a fine-tuning trainer, say) are its values too, frozen tensors included, which no update moves
+  if (has_ema() && ema_count_ == 0.0 && working_stale_) reset_ema();
   master_.sync_to_device(exec_);
   working_.sync_to_device(exec_);
   for (auto& s : states_) s.sync_to_device(exec_);

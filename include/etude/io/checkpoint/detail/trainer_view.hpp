@@ -11,7 +11,9 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "etude/core/detail/xxhash64.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 #include "etude/model/params.hpp"
@@ -77,6 +79,25 @@ constexpr index_t state_offset_of(const param_desc& p) {
 template <class Trainer>
 const char* slot_name(int slot) {
   return Trainer::config::optimizer::state_names[slot];
+}
+
+// A trainer with low-rank adapters (config/adapt.hpp) checkpoints what trains alone: its frozen
+// tensors (the base) are named by their digest, XXH64 of their values as float32, in table order.
+template <class Trainer>
+inline constexpr bool adapter_checkpoint = Trainer::params::adapter_count > 0;
+
+template <class Trainer>
+std::string base_digest(const Trainer& t) {
+  etude::detail::xxhash64 h;
+  std::vector<float> values;
+  for (const param_desc& p : Trainer::params::entries) {
+    if (state_offset_of<Trainer>(p) >= 0) continue;
+    const auto w = t.tensor(p);
+    values.assign(w.begin(), w.end());
+    h.update(values.data(), values.size() * sizeof(float));
+  }
+  char hex[17];
+  return std::string(etude::detail::hex64(h.digest(), hex));
 }
 
 // The index of the first non-finite value, if any.
