@@ -11,11 +11,14 @@
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
 // `trainable` times tiny trained whole against tiny with frozen groups (config/trainable.hpp):
 // embeddings frozen, only self-attention trained, only the output trained; steps interleaved.
+// `lora` times tiny trained whole against LoRA adapters (config/adapt.hpp) of rank 8 on q and v and
+// on every projection, steps interleaved, with their checkpoints' sizes, then prints
+// MusicGen-small's memory plans for the same choices.
 // `tiny_long` is tiny with one 2048-frame sequence, the same B·T as tiny's 8 of 256: what long
 // sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
 // under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
 // each op kind's share of the step, attention's and the products' among them.
-//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|all] [--steps N]
+//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|lora|all] [--steps N]
 //              [--precision fp32|bf16] [--profile]
 // `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
@@ -29,7 +32,13 @@
 
 #include <sys/resource.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <etude/backend/device_sizes.hpp>
 #include <etude/etude.hpp>
+#include <etude/io/checkpoint.hpp>
 #include <etude/run/threads.hpp>
 
 #include "cpu_load.hpp"
@@ -290,6 +299,99 @@ void bench_trainable(int steps) {
   std::fflush(stdout);
 }
 
+// `lora`: tiny trained whole against LoRA of rank 8 (alpha 16) on q and v, and on every projection
+// of every layer (q, k, v, out, linear1, linear2), the base frozen (config/adapt.hpp): steps of the
+// three interleaved, each with its median step time, measured peak, planned training state and the
+// size of its checkpoint (an adapter checkpoint holds what trains and its base's digest); then
+// MusicGen-small's plans (24 layers, dim 1024, 16 heads, text through cross-attention from a
+// 768-wide T5 embedding, bf16, selective checkpointing, microbatch 4 x 1500 frames, on a GPU) for
+// full fine-tuning, LoRA on q and v, and LoRA on every projection.
+template <class Cfg>
+double checkpoint_mib(const etude::cpu_trainer<Cfg>& t, const char* name) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("etude-step-bench-" + std::string(name) + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  etude::io::checkpoint_manager m(dir, {}, [](const std::string&) {});
+  m.save(t, {});
+  double bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") bytes += static_cast<double>(e.file_size());
+  fs::remove_all(dir);
+  return bytes / 1048576.0;
+}
+
+template <class Precision>
+void bench_lora(int steps) {
+  using tg = etude::adapt::target;
+  constexpr etude::shape tiny{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4};
+  using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
+  using every = etude::adapt::lora<8, 16, tg::q, tg::k, tg::v, tg::out, tg::fc1, tg::fc2>;
+  etude::hyper h;
+  h.lr = 1e-4;
+  h.warmup_steps = 0;
+  h.total_steps = 1000;
+  etude::cpu_trainer<etude::train_config<lm, Precision>> full{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision, etude::adapt::lora<8, 16>>> qv{h};
+  etude::cpu_trainer<etude::train_config<lm, Precision, every>> all{h};
+  etude::token_batch b(8, tiny.codebooks, 256);
+  etude::rng r(1);
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
+  std::vector<double> times[3];
+  auto timed = [&](auto& tr, int i) {
+    const auto t0 = clock_type::now();
+    tr.step(b);
+    times[i].push_back(seconds_since(t0));
+  };
+  full.step(b);
+  qv.step(b);
+  all.step(b);
+  const auto load0 = etude_bench::sample_cpu();
+  for (int s = 0; s < steps; ++s) {
+    timed(full, 0);
+    timed(qv, 1);
+    timed(all, 2);
+  }
+  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  auto line = [&](const char* what, const auto& tr, int i) {
+    using T = std::remove_cvref_t<decltype(tr)>;
+    std::printf("{\"bench\": \"lora\", \"precision\": \"%s\", \"trains\": \"%s\", \"ms_per_step\": %.1f, "
+                "\"vs_full\": %.3f, \"trainable_parameters\": %lld, \"peak_mib\": %.1f, \"plan_state_mib\": %.1f, "
+                "\"checkpoint_mib\": %.2f, \"steps\": %d, \"threads\": %d, %s}\n",
+                etude::precision::name_of<Precision>().c_str(), what, median(times[i]) * 1e3,
+                median(times[i]) / median(times[0]), static_cast<long long>(T::grad_layout::parameter_count()),
+                static_cast<double>(tr.memory().peak_allocated) / 1048576.0,
+                static_cast<double>(T::plan(8, 256).state()) / 1048576.0, checkpoint_mib(tr, what), steps,
+                etude::backend::cpu::threads(), load.json().c_str());
+  };
+  line("all", full, 0);
+  line("lora<8, 16> q, v", qv, 1);
+  line("lora<8, 16> every projection", all, 2);
+
+  constexpr etude::shape small{.codebooks = 4, .card = 2048, .dim = 1024, .heads = 16, .layers = 24, .max_len = 1536};
+  using text = etude::conditions<etude::cond::embedding<"description", 768, 64>, etude::fuse::cross>;
+  using small_lm = etude::model<small, etude::pattern::delay<0, 1, 2, 3>, text>;
+  auto plan = [](const char* what, auto cfg) {
+    using C = typename decltype(cfg)::type;
+    const auto p = etude::plan_memory<C, etude::backend::device_plan>(4, 1500);
+    std::printf("{\"bench\": \"lora_plan\", \"model\": \"MusicGen-small, bf16, selective, 4 x 1500 frames\", "
+                "\"trains\": \"%s\", \"master_mib\": %.1f, \"gradients_mib\": %.1f, \"optimizer_states_mib\": %.1f, "
+                "\"state_mib\": %.1f, \"total_mib\": %.1f}\n",
+                what, p.master / 1048576.0, p.gradients / 1048576.0, p.optimizer_states / 1048576.0, p.state() / 1048576.0,
+                p.total() / 1048576.0);
+  };
+  using bf16 = etude::precision::bf16;
+  using sel = etude::checkpointing::selective;
+  plan("all", std::type_identity<etude::train_config<small_lm, bf16, sel>>{});
+  plan("lora<8, 16> q, v", std::type_identity<etude::train_config<small_lm, bf16, sel, etude::adapt::lora<8, 16>>>{});
+  plan("lora<8, 16> every projection", std::type_identity<etude::train_config<small_lm, bf16, sel, every>>{});
+  plan("lora<8, 16> every projection, cross-attention's too",
+       std::type_identity<etude::train_config<
+           small_lm, bf16, sel,
+           etude::adapt::lora<8, 16, tg::q, tg::k, tg::v, tg::out, tg::cross_q, tg::cross_k, tg::cross_v, tg::cross_out,
+                              tg::fc1, tg::fc2>>>{});
+  std::fflush(stdout);
+}
+
 template <class Precision>
 void bench_configs(const std::string& which, int steps) {
   if (which == "tiny" || which == "all")
@@ -329,6 +431,10 @@ int main(int argc, char** argv) {
   if (which == "cond") {
     if (precision == "fp32") bench_conditions<etude::precision::fp32>(steps);
     else bench_conditions<etude::precision::bf16>(steps);
+  }
+  if (which == "lora") {
+    if (precision == "fp32") bench_lora<etude::precision::fp32>(steps);
+    else bench_lora<etude::precision::bf16>(steps);
   }
   if (which == "trainable") {
     if (precision == "fp32") bench_trainable<etude::precision::fp32>(steps);

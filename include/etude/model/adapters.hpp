@@ -1,7 +1,8 @@
 // Values laid out by a table with low-rank adapters (model/params.hpp: the adapters' tensors in
 // front, then the model's own) against the model's table without them: the base part alone, the
-// base part written back, and the merge W + s·B·A (in double, rounded once) that folds every
-// adapter into the weight it adapts. For a table without adapters each is a plain copy.
+// base part written back, and the merge W + s·B·A (in double, rounded once to the values' type:
+// float, double, bf16 or fp16) that folds every adapter into the weight it adapts. For a table
+// without adapters each is a plain copy.
 // Not for: a trainer's weights (train/adapters.hpp: merged_weights), files (io/).
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "etude/core/dtype.hpp"
 #include "etude/core/error.hpp"
 #include "etude/model/params.hpp"
 
@@ -29,7 +31,7 @@ template <class Params, class T>
 std::vector<T> base_part(std::span<const T> values) {
   using base = typename Params::base;
   detail::check_table_size<Params>(values, "base_part");
-  std::vector<T> out(static_cast<std::size_t>(base::total_elements), T(0));
+  std::vector<T> out(static_cast<std::size_t>(base::total_elements), convert<T>(0.0f));
   for (std::size_t i = Params::adapter_count; i < Params::count; ++i) {
     const param_desc& from = Params::entries[i];
     const param_desc& to = base::entries[i - Params::adapter_count];
@@ -49,7 +51,7 @@ void set_base_part(std::span<T> values, std::span<const U> base_values) {
     const param_desc& to = Params::entries[i];
     const param_desc& from = base::entries[i - Params::adapter_count];
     for (index_t j = 0; j < to.numel(); ++j)
-      values[static_cast<std::size_t>(to.offset + j)] = static_cast<T>(base_values[static_cast<std::size_t>(from.offset + j)]);
+      values[static_cast<std::size_t>(to.offset + j)] = convert<T>(base_values[static_cast<std::size_t>(from.offset + j)]);
   }
 }
 
@@ -72,10 +74,10 @@ std::vector<T> merge_adapters(std::span<const T> values) {
         for (index_t c = 0; c < in; ++c) {
           double sum = 0;
           for (index_t k = 0; k < r; ++k)
-            sum += static_cast<double>(values[static_cast<std::size_t>(b.offset + o * r + k)]) *
-                   static_cast<double>(values[static_cast<std::size_t>(a.offset + k * in + c)]);
+            sum += convert<double>(values[static_cast<std::size_t>(b.offset + o * r + k)]) *
+                   convert<double>(values[static_cast<std::size_t>(a.offset + k * in + c)]);
           T& x = out[static_cast<std::size_t>(w.offset + (place.first_row + o) * in + c)];
-          x = static_cast<T>(static_cast<double>(x) + s * sum);
+          x = convert<T>(convert<double>(x) + s * sum);
         }
     }
   }
