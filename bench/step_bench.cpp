@@ -245,6 +245,36 @@ void bench_conditions(int steps) {
   std::fflush(stdout);
 }
 
+// A batch of `batch` examples of `frames` random frames for a model of `shape`.
+etude::token_batch random_tokens(const etude::shape& shape, etude::index_t batch, etude::index_t frames) {
+  etude::token_batch b(batch, shape.codebooks, frames);
+  etude::rng r(1);
+  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(static_cast<std::uint64_t>(shape.card)));
+  return b;
+}
+
+// One untimed step of each trainer, then `steps` rounds of one step each in turn (so that load on
+// a shared machine falls on all alike): each trainer's step times, and the machine's load meanwhile.
+template <class... Trainers>
+std::vector<std::vector<double>> interleaved_steps(const etude::token_batch& b, int steps, etude_bench::cpu_load& load,
+                                                   Trainers&... trainers) {
+  std::vector<std::vector<double>> times(sizeof...(Trainers));
+  (trainers.step(b), ...);
+  const auto load0 = etude_bench::sample_cpu();
+  for (int s = 0; s < steps; ++s) {
+    std::size_t i = 0;
+    (
+        [&] {
+          const auto t0 = clock_type::now();
+          trainers.step(b);
+          times[i++].push_back(seconds_since(t0));
+        }(),
+        ...);
+  }
+  load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  return times;
+}
+
 // `trainable`: tiny trained whole, with its embeddings frozen, with only self-attention trained and
 // with only the output trained (config/trainable.hpp), steps of the four interleaved, each with its
 // median step time, the trainer's measured peak and the plan's training state.
@@ -260,27 +290,8 @@ void bench_trainable(int steps) {
   etude::cpu_trainer<etude::train_config<lm, Precision, etude::freeze<etude::group::embeddings>>> embeddings{h};
   etude::cpu_trainer<etude::train_config<lm, Precision, etude::train_only<etude::group::self_attention>>> attention{h};
   etude::cpu_trainer<etude::train_config<lm, Precision, etude::train_only<etude::group::output>>> output{h};
-  etude::token_batch b(8, tiny.codebooks, 256);
-  etude::rng r(1);
-  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
-  std::vector<double> times[4];
-  auto timed = [&](auto& tr, int i) {
-    const auto t0 = clock_type::now();
-    tr.step(b);
-    times[i].push_back(seconds_since(t0));
-  };
-  full.step(b);
-  embeddings.step(b);
-  attention.step(b);
-  output.step(b);
-  const auto load0 = etude_bench::sample_cpu();
-  for (int s = 0; s < steps; ++s) {
-    timed(full, 0);
-    timed(embeddings, 1);
-    timed(attention, 2);
-    timed(output, 3);
-  }
-  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  etude_bench::cpu_load load;
+  const auto times = interleaved_steps(random_tokens(tiny, 8, 256), steps, load, full, embeddings, attention, output);
   auto line = [&](const char* what, const auto& tr, int i) {
     using T = std::remove_cvref_t<decltype(tr)>;
     std::printf("{\"bench\": \"trainable\", \"precision\": \"%s\", \"trains\": \"%s\", \"ms_per_step\": %.1f, "
@@ -333,25 +344,8 @@ void bench_lora(int steps) {
   etude::cpu_trainer<etude::train_config<lm, Precision>> full{h};
   etude::cpu_trainer<etude::train_config<lm, Precision, etude::adapt::lora<8, 16>>> qv{h};
   etude::cpu_trainer<etude::train_config<lm, Precision, every>> all{h};
-  etude::token_batch b(8, tiny.codebooks, 256);
-  etude::rng r(1);
-  for (auto& t : b.tokens) t = static_cast<etude::token_t>(r.below(tiny.card));
-  std::vector<double> times[3];
-  auto timed = [&](auto& tr, int i) {
-    const auto t0 = clock_type::now();
-    tr.step(b);
-    times[i].push_back(seconds_since(t0));
-  };
-  full.step(b);
-  qv.step(b);
-  all.step(b);
-  const auto load0 = etude_bench::sample_cpu();
-  for (int s = 0; s < steps; ++s) {
-    timed(full, 0);
-    timed(qv, 1);
-    timed(all, 2);
-  }
-  const auto load = etude_bench::load_between(load0, etude_bench::sample_cpu());
+  etude_bench::cpu_load load;
+  const auto times = interleaved_steps(random_tokens(tiny, 8, 256), steps, load, full, qv, all);
   auto line = [&](const char* what, const auto& tr, int i) {
     using T = std::remove_cvref_t<decltype(tr)>;
     std::printf("{\"bench\": \"lora\", \"precision\": \"%s\", \"trains\": \"%s\", \"ms_per_step\": %.1f, "

@@ -10,8 +10,6 @@
 // tests/skip.hpp) when they do not import.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -27,6 +25,7 @@
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
+#include "../peer.hpp"
 #include "../skip.hpp"
 
 namespace io = etude::io;
@@ -40,27 +39,9 @@ using pattern = etude::pattern::delay<0, 1, 2, 3>;
 using masked_conds = etude::conditions<etude::cond::embedding<"text", D, LC>, etude::fuse::cross>;
 using unmasked_conds = etude::conditions<etude::cond::embedding<"text", D, LC>, etude::fuse::cross_unmasked>;
 
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct run_result {
-  int status = -1;
-  std::string output;
-};
-
-run_result run_peer(const std::string& args, const std::filesystem::path& log) {
-  const std::string cmd = quoted(ETUDE_PYTHON) + " " + quoted(ETUDE_HF_REF) + " " + args + " > " + quoted(log.string()) + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  run_result r;
-  r.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  return r;
+constexpr auto quoted = etude::test::shell_quoted;
+etude::test::peer_result run_peer(const std::string& args, const std::filesystem::path& log) {
+  return etude::test::run_peer(ETUDE_PYTHON, ETUDE_HF_REF, args, log);
 }
 
 std::vector<float> floats(const io::safetensors_file& f, const std::string& name) {

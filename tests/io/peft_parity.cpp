@@ -9,8 +9,6 @@
 // reports itself skipped (exit 77, tests/skip.hpp) when they do not import.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +23,7 @@
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
+#include "../peer.hpp"
 #include "../skip.hpp"
 #include "../support.hpp"
 
@@ -43,28 +42,8 @@ using lm = etude::model<sh, pattern>;
 template <class Adapt>
 using config = etude::train_config<lm, Adapt, etude::schedule::constant>;
 
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct run_result {
-  int status = -1;
-  std::string output;
-};
-
-run_result run_peer(const std::string& args, const std::filesystem::path& log) {
-  const std::string cmd = quoted(ETUDE_PYTHON) + " " + quoted(ETUDE_PEFT_REF) + " " + args + " > " + quoted(log.string()) + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  run_result r;
-  r.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  return r;
-}
+using etude::test::run_peer;
+constexpr auto quoted = etude::test::shell_quoted;
 
 template <class T>
 std::vector<double> doubles(std::span<const T> v) {
@@ -109,7 +88,7 @@ etude::token_batch frames_for(const std::filesystem::path& file) {
 template <class Adapt>
 void check_against_peft(double alpha, bool rslora) {
   etude::test::scratch_dir dir;
-  const auto probe = run_peer("probe", dir / "probe.log");
+  const auto probe = run_peer(ETUDE_PYTHON, ETUDE_PEFT_REF, "probe", dir / "probe.log");
   if (probe.status != 0) {
     ETUDE_TEST_SKIP("peft is not importable under " << ETUDE_PYTHON << ": " << probe.output);
     return;
@@ -118,7 +97,7 @@ void check_against_peft(double alpha, bool rslora) {
   std::ostringstream args;
   args << "run " << quoted(dir.path().string()) << " " << K << " " << C << " " << sh.dim << " " << sh.heads << " "
        << sh.layers << " " << Adapt::rank << " " << alpha << " " << (rslora ? 1 : 0) << " " << steps << " " << lr << " " << wd;
-  const auto peer = run_peer(args.str(), dir / "run.log");
+  const auto peer = run_peer(ETUDE_PYTHON, ETUDE_PEFT_REF, args.str(), dir / "run.log");
   INFO("peer: " << peer.output);
   REQUIRE(peer.status == 0);
 

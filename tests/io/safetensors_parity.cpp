@@ -10,8 +10,6 @@
 // tests/skip.hpp; CI installs it).
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +25,7 @@
 #include <etude/io/safetensors.hpp>
 
 #include "../data/support.hpp"
+#include "../peer.hpp"
 #include "../skip.hpp"
 
 namespace io = etude::io;
@@ -37,42 +36,19 @@ using etude::test::scratch_dir;
 
 namespace {
 
-struct run_result {
-  int status = -1;
-  std::string output;
-};
-
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using run_result = etude::test::peer_result;
+constexpr auto quoted = etude::test::shell_quoted;
 
 run_result run_ref(const std::string& command, const std::filesystem::path& dir) {
-  const auto log = dir / "ref.log";
-  const std::string cmd = quoted(ETUDE_PY3) + " " + quoted(ETUDE_SAFETENSORS_REF) + " " + command + " " +
-                          quoted(dir.string()) + " > " + quoted(log.string()) + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  run_result r;
-  r.status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  return r;
+  return etude::test::run_peer(ETUDE_PY3, ETUDE_SAFETENSORS_REF, command + " " + quoted(dir.string()), dir / "ref.log");
 }
 
 // Whether the reference is there; says why not once per case when it is not.
 bool reference_available() {
   scratch_dir dir;
-  const std::string cmd = quoted(ETUDE_PY3) + " " + quoted(ETUDE_SAFETENSORS_REF) + " probe > " +
-                          quoted((dir / "probe.log").string()) + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  const int status = raw != -1 && WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream in(dir / "probe.log");
-  std::string line;
-  std::getline(in, line);
-  if (status == 0) {
+  const auto probe = etude::test::run_peer(ETUDE_PY3, ETUDE_SAFETENSORS_REF, "probe", dir / "probe.log");
+  const std::string line = probe.output.substr(0, probe.output.find('\n'));
+  if (probe.status == 0) {
     INFO("reference: " << line);
     return true;
   }

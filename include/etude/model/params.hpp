@@ -211,10 +211,11 @@ struct param_table {
   }
   // An adapter's A (lora_a) or B (lora_b) on a target of a layer (or head codebook); count if none.
   static constexpr std::size_t index_of(param_kind kind, adapt::target tg, int layer, int codebook = -1) {
-    for (std::size_t i = 0; i < adapter_count; ++i)
-      if (entries[i].kind == kind && entries[i].target == tg && entries[i].layer == layer &&
-          entries[i].codebook == codebook)
-        return i;
+    if constexpr (adapter_count > 0)
+      for (std::size_t i = 0; i < adapter_count; ++i)
+        if (entries[i].kind == kind && entries[i].target == tg && entries[i].layer == layer &&
+            entries[i].codebook == codebook)
+          return i;
     return count;
   }
   static constexpr const param_desc& at(param_kind kind, adapt::target tg, int layer, int codebook = -1) {
@@ -229,9 +230,13 @@ struct param_table {
   // The stream a tensor's initialiser draws from: its place in the base table for base tensors
   // (so adapters change no base weight's initial value), after the base's for adapters.
   static constexpr std::size_t init_stream(std::size_t i) {
-    return i < adapter_count ? base::count + i : i - adapter_count;
+    if constexpr (adapter_count == 0) return i;
+    else return i < adapter_count ? base::count + i : i - adapter_count;
   }
-  static constexpr bool is_adapter(std::size_t i) { return i < adapter_count; }
+  static constexpr bool is_adapter(std::size_t i) {
+    if constexpr (adapter_count == 0) return false;
+    else return i < adapter_count;
+  }
 };
 
 // The scale of a tensor's initialiser: std for truncated normals, the bound for uniforms.

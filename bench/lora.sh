@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# LoRA's step time and memory beside PEFT's (issue 38's benchmark), JSON lines on stdout:
+#   - step_bench lora, fp32 and bf16: tiny (dim 256, 4 layers, 8 x 256 frames) trained whole, with
+#     LoRA r8 on q and v, and on every projection (the base frozen), steps interleaved, with the
+#     measured peak, the planned training state and the checkpoint's size; then MusicGen-small's
+#     memory plans for the same choices;
+#   - bench/peft_step.py: PyPI's peft 0.10.0 on transformers 4.39.3's MusicgenForCausalLM of the
+#     same shape (the whole model, LoRA on q/v, LoRA on every projection), on the benchmark venv's
+#     PyTorch 2 with torch.compile, fp32 and bf16 autocast.
+# Both sides run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, PyTorch with
+# OMP_WAIT_POLICY=passive; others_cores in each line says what else ran meanwhile.
+#   bench/lora.sh [build dir with bench/step_bench (default build/release)] [rounds (default 1)]
+# The venv is bench/run.sh's (build/bench-venv, PyPI's torch); this adds transformers, peft and
+# accelerate to it on first use.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=${1:-$root/build/release}
+rounds=${2:-1}
+venv=$root/build/bench-venv
+clean=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+[[ -x $build/bench/step_bench ]] || { echo "no $build/bench/step_bench: build the step_bench target" >&2; exit 1; }
+[[ -x $venv/bin/python ]] || { echo "no $venv: run bench/run.sh once (it installs PyPI's torch there)" >&2; exit 1; }
+if ! "$venv/bin/python" -c "import transformers, peft" 2>/dev/null; then
+  "$venv/bin/pip" install --progress-bar off "transformers==4.39.3" "peft==0.10.0" "accelerate==0.28.0" >&2
+fi
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+has() { [[ " $flags " == *" $1 "* ]] && echo yes || echo no; }
+echo "{\"cpu\": \"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\", \"cores\": $(nproc), \"avx2\": \"$(has avx2)\", \"avx512f\": \"$(has avx512f)\", \"avx512_bf16\": \"$(has avx512_bf16)\", \"amx_bf16\": \"$(has amx_bf16)\", \"commit\": \"$(git -C "$root" rev-parse --short HEAD)\"}"
+for ((r = 0; r < rounds; ++r)); do
+  for p in fp32 bf16; do
+    "${clean[@]}" "$build/bench/step_bench" lora --precision "$p" --steps 5
+    for t in none qv all; do
+      extra=()
+      [[ $p == bf16 ]] && extra=(--bf16)
+      "${clean[@]}" OMP_WAIT_POLICY=passive TORCHINDUCTOR_COMPILE_THREADS=1 \
+        "$venv/bin/python" "$here/peft_step.py" --targets "$t" --compile --steps 7 "${extra[@]}" 2>/dev/null
+    done
+  done
+done
