@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PEFT peer of etude's LoRA benchmark (step_bench lora).
 
-PyPI's peft on transformers' MusicgenForCausalLM of the benchmark's tiny shape (dim 256, 4 heads,
-4 layers, 4 codebooks of 2048, batch 8 x 256 frames): one step = the MusicGen loss on the delay
+PyPI's peft on transformers' MusicgenForCausalLM of a benchmark shape (by default tiny: dim 256, 4
+heads, 4 layers, 4 codebooks of 2048, batch 8 x 256 frames): one step = the MusicGen loss on the delay
 pattern's sequence (the mean over codebooks of each codebook's mean cross-entropy over its
 targets), backward, global-norm clipping at 1.0 and AdamW on what trains: LoRA adapters of rank
 --rank (alpha --alpha) on q and v (--targets qv) or on every projection of every layer (all:
@@ -108,7 +108,7 @@ def main():
         times.append(time.perf_counter() - t0)
     window.stop()
     print(json.dumps({
-        "bench": "peft_step", "targets": args.targets, "rank": args.rank,
+        "bench": "peft_step", "dim": D, "layers": L, "batch": B, "frames": T, "targets": args.targets, "rank": args.rank,
         "ms_per_step": statistics.median(times) * 1e3, "trainable_parameters": sum(p.numel() for p in params),
         "precision": "bf16 autocast" if args.bf16 else "fp32", "compiled": bool(args.compile),
         "torch": torch.__version__, "peft": peft_version, "steps": args.steps, "threads": torch.get_num_threads(),

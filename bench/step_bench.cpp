@@ -13,13 +13,13 @@
 // embeddings frozen, only self-attention trained, only the output trained; steps interleaved.
 // `lora` times tiny trained whole against LoRA adapters (config/adapt.hpp) of rank 8 on q and v and
 // on every projection, steps interleaved, with their checkpoints' sizes, then prints
-// MusicGen-small's memory plans for the same choices.
+// MusicGen-small's memory plans for the same choices; `lora_small` times small the same way.
 // `tiny_long` is tiny with one 2048-frame sequence, the same B·T as tiny's 8 of 256: what long
 // sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
 // under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
 // each op kind's share of the step, attention's and the products' among them.
-//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|lora|all] [--steps N]
-//              [--precision fp32|bf16] [--profile]
+//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|lora|lora_small|all]
+//              [--steps N] [--precision fp32|bf16] [--profile]
 // `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
 #include <chrono>
@@ -310,13 +310,7 @@ void bench_trainable(int steps) {
   std::fflush(stdout);
 }
 
-// `lora`: tiny trained whole against LoRA of rank 8 (alpha 16) on q and v, and on every projection
-// of every layer (q, k, v, out, linear1, linear2), the base frozen (config/adapt.hpp): steps of the
-// three interleaved, each with its median step time, measured peak, planned training state and the
-// size of its checkpoint (an adapter checkpoint holds what trains and its base's digest); then
-// MusicGen-small's plans (24 layers, dim 1024, 16 heads, text through cross-attention from a
-// 768-wide T5 embedding, bf16, selective checkpointing, microbatch 4 x 1500 frames, on a GPU) for
-// full fine-tuning, LoRA on q and v, and LoRA on every projection.
+// The size of a trainer's checkpoint (what checkpoint_manager writes for it), MiB.
 template <class Cfg>
 double checkpoint_mib(const etude::cpu_trainer<Cfg>& t, const char* name) {
   namespace fs = std::filesystem;
@@ -331,11 +325,15 @@ double checkpoint_mib(const etude::cpu_trainer<Cfg>& t, const char* name) {
   return bytes / 1048576.0;
 }
 
-template <class Precision>
-void bench_lora(int steps) {
+// `lora` and `lora_small`: a shape trained whole against LoRA of rank 8 (alpha 16) on q and v, and
+// on every projection of every layer (q, k, v, out, linear1, linear2), the base frozen
+// (config/adapt.hpp): steps of the three interleaved, each with its median step time, measured
+// peak, planned training state and the size of its checkpoint (an adapter checkpoint holds what
+// trains and its base's digest).
+template <etude::shape Shape, class Precision>
+void bench_lora(const char* name, etude::index_t batch, etude::index_t frames, int steps) {
   using tg = etude::adapt::target;
-  constexpr etude::shape tiny{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4};
-  using lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
+  using lm = etude::model<Shape, etude::pattern::delay<0, 1, 2, 3>>;
   using every = etude::adapt::lora<8, 16, tg::q, tg::k, tg::v, tg::out, tg::fc1, tg::fc2>;
   etude::hyper h;
   h.lr = 1e-4;
@@ -345,22 +343,30 @@ void bench_lora(int steps) {
   etude::cpu_trainer<etude::train_config<lm, Precision, etude::adapt::lora<8, 16>>> qv{h};
   etude::cpu_trainer<etude::train_config<lm, Precision, every>> all{h};
   etude_bench::cpu_load load;
-  const auto times = interleaved_steps(random_tokens(tiny, 8, 256), steps, load, full, qv, all);
+  const auto times = interleaved_steps(random_tokens(Shape, batch, frames), steps, load, full, qv, all);
   auto line = [&](const char* what, const auto& tr, int i) {
     using T = std::remove_cvref_t<decltype(tr)>;
-    std::printf("{\"bench\": \"lora\", \"precision\": \"%s\", \"trains\": \"%s\", \"ms_per_step\": %.1f, "
-                "\"vs_full\": %.3f, \"trainable_parameters\": %lld, \"peak_mib\": %.1f, \"plan_state_mib\": %.1f, "
-                "\"checkpoint_mib\": %.2f, \"steps\": %d, \"threads\": %d, %s}\n",
-                etude::precision::name_of<Precision>().c_str(), what, median(times[i]) * 1e3,
+    std::printf("{\"bench\": \"lora\", \"config\": \"%s\", \"precision\": \"%s\", \"trains\": \"%s\", "
+                "\"ms_per_step\": %.1f, \"vs_full\": %.3f, \"trainable_parameters\": %lld, \"peak_mib\": %.1f, "
+                "\"plan_state_mib\": %.1f, \"checkpoint_mib\": %.2f, \"steps\": %d, \"threads\": %d, %s}\n",
+                name, etude::precision::name_of<Precision>().c_str(), what, median(times[i]) * 1e3,
                 median(times[i]) / median(times[0]), static_cast<long long>(T::grad_layout::parameter_count()),
                 static_cast<double>(tr.memory().peak_allocated) / 1048576.0,
-                static_cast<double>(T::plan(8, 256).state()) / 1048576.0, checkpoint_mib(tr, what), steps,
+                static_cast<double>(T::plan(batch, frames).state()) / 1048576.0, checkpoint_mib(tr, what), steps,
                 etude::backend::cpu::threads(), load.json().c_str());
   };
   line("all", full, 0);
   line("lora<8, 16> q, v", qv, 1);
   line("lora<8, 16> every projection", all, 2);
+  std::fflush(stdout);
+}
 
+// MusicGen-small's memory plans (24 layers, dim 1024, 16 heads, text through cross-attention from a
+// 768-wide embedding of 64 positions, bf16, selective checkpointing, microbatch 4 x 1500 frames, on
+// a GPU): trained whole, LoRA r8 on q and v, on every projection, and on cross-attention's too.
+void lora_plans() {
+  using tg = etude::adapt::target;
+  using every = etude::adapt::lora<8, 16, tg::q, tg::k, tg::v, tg::out, tg::fc1, tg::fc2>;
   constexpr etude::shape small{.codebooks = 4, .card = 2048, .dim = 1024, .heads = 16, .layers = 24, .max_len = 1536};
   using text = etude::conditions<etude::cond::embedding<"description", 768, 64>, etude::fuse::cross>;
   using small_lm = etude::model<small, etude::pattern::delay<0, 1, 2, 3>, text>;
@@ -426,9 +432,14 @@ int main(int argc, char** argv) {
     if (precision == "fp32") bench_conditions<etude::precision::fp32>(steps);
     else bench_conditions<etude::precision::bf16>(steps);
   }
-  if (which == "lora") {
-    if (precision == "fp32") bench_lora<etude::precision::fp32>(steps);
-    else bench_lora<etude::precision::bf16>(steps);
+  if (which == "lora" || which == "lora_small") {
+    constexpr etude::shape tiny{.codebooks = 4, .card = 2048, .dim = 256, .heads = 4, .layers = 4};
+    constexpr etude::shape small{.codebooks = 4, .card = 2048, .dim = 512, .heads = 8, .layers = 8};
+    if (which == "lora" && precision == "fp32") bench_lora<tiny, etude::precision::fp32>("tiny", 8, 256, steps);
+    if (which == "lora" && precision != "fp32") bench_lora<tiny, etude::precision::bf16>("tiny", 8, 256, steps);
+    if (which == "lora_small" && precision == "fp32") bench_lora<small, etude::precision::fp32>("small", 4, 512, steps);
+    if (which == "lora_small" && precision != "fp32") bench_lora<small, etude::precision::bf16>("small", 4, 512, steps);
+    if (which == "lora") lora_plans();
   }
   if (which == "trainable") {
     if (precision == "fp32") bench_trainable<etude::precision::fp32>(steps);
