@@ -77,16 +77,10 @@ cpu_generator<Config> generator_from_checkpoint_file(const std::filesystem::path
     throw checkpoint_error(file.string() + ": this checkpoint keeps no EMA of the weights (its run had ema_decay 0); "
                                            "generate from its trained weights");
   if (!base.empty()) load_any_weights(t, base);
-  if constexpr (detail::adapter_checkpoint<T>) {
-    const json saved = c.state().value("base", json(nullptr));
-    const std::string want = saved.is_object() ? saved.value("digest", std::string()) : std::string();
-    if (want != detail::base_digest(t))
-      throw checkpoint_mismatch(file.string() + ": its adapters were trained on other base weights than " +
-                                (base.empty() ? std::string("this configuration's initialisation")
-                                              : "those of " + base.string()) +
-                                " (digest " + (want.empty() ? std::string("none") : want) +
-                                "); give the base weights the run started from (its init_weights)");
-  }
+  detail::check_base(t, c,
+                     "give the base weights the run started from (its init_weights; " +
+                         (base.empty() ? std::string("none was given, so this configuration's initialisation was taken)")
+                                       : base.string() + " was given)"));
   auto master = t.parameters_for_write();
   for (const param_desc& d : params::entries) {
     if (detail::adapter_checkpoint<T> && detail::state_offset_of<T>(d) < 0) continue;  // the base, above

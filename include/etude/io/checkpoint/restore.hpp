@@ -47,6 +47,24 @@ struct staged_checkpoint {
 // configuration (and, when `data` is given, the data) must be the trainer's, else
 // checkpoint_mismatch naming the differences; every tensor must be there, F32, of the model's
 // size and finite, and the saved run state well formed, else checkpoint_error.
+namespace detail {
+// Refuses a checkpoint of a configuration with adapters whose base digest is not that of the
+// trainer's frozen weights (io/checkpoint/detail/trainer_view.hpp: base_digest); `remedy` ends the
+// message. Nothing to check without adapters.
+template <class Trainer>
+void check_base(const Trainer& t, const checkpoint_file& c, const std::string& remedy) {
+  if constexpr (adapter_checkpoint<Trainer>) {
+    const json base = c.state().value("base", json(nullptr));
+    const std::string saved = base.is_object() ? base.value("digest", std::string()) : std::string();
+    const std::string here = base_digest(t);
+    if (saved != here)
+      throw checkpoint_mismatch(c.path().string() + ": its adapters were trained on other base weights (digest " +
+                                (saved.empty() ? std::string("none") : saved) + "; this trainer's frozen weights: " +
+                                here + "); " + remedy);
+  }
+}
+}  // namespace detail
+
 template <class Trainer>
 staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, const json& data = nullptr,
                                 const accept_difference& accept = nullptr) {
@@ -104,16 +122,9 @@ staged_checkpoint stage_restore(const Trainer& t, const checkpoint_file& c, cons
       refuse("trained on other data", diff, "resume with the data the run started on, or start a new run directory");
 
   // an adapter checkpoint holds what trains; its base must be the one this trainer holds
-  if constexpr (detail::adapter_checkpoint<Trainer>) {
-    const json base = c.state().value("base", json(nullptr));
-    const std::string here = detail::base_digest(t);
-    const std::string saved = base.is_object() ? base.value("digest", std::string()) : std::string();
-    if (saved != here)
-      throw checkpoint_mismatch(where + ": its adapters were trained on other base weights (digest " +
-                                (saved.empty() ? std::string("none") : saved) + "; this trainer's frozen weights: " + here +
-                                "); refusing to resume. Load the base weights the run started from (init_weights, "
-                                "etude::io::load_hf_weights or load_weights) into the trainer first");
-  }
+  detail::check_base(t, c,
+                     "refusing to resume. Load the base weights the run started from (init_weights, "
+                     "etude::io::load_hf_weights or load_weights) into the trainer first");
   staged_checkpoint s;
   s.accepted = std::move(accepted);
   s.step = c.step();
