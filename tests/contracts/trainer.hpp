@@ -742,12 +742,14 @@ TEST_CASE("contract: frozen groups: the trainable tensors train as in the full m
 
 namespace contract {
 // A frozen run (with an EMA of the weights) saved after 2 steps, restored into a fresh trainer and
-// continued: the same weights, state and EMA bit for bit as the run that went on.
+// continued: the same weights, state and EMA bit for bit as the run that went on. With adapters'
+// dropout the resumed run draws the same masks.
 template <class Config>
 void check_frozen_resume(const char* name, const std::string& trained = "transformer.layers.0.linear1.weight",
-                         const std::string& frozen = "emb.0.weight") {
+                         const std::string& frozen = "emb.0.weight", double lora_dropout = 0.0) {
   namespace fs = std::filesystem;
-  const auto h = ema_hyper(0.9, 1);
+  auto h = ema_hyper(0.9, 1);
+  h.lora_dropout = lora_dropout;
   const fs::path dir = fs::temp_directory_path() / ("etude-contract-frozen-" + std::string(name) + "-" + std::to_string(::getpid()));
   trainer_for<Config> straight{h};
   for (std::uint64_t s = 0; s < 2; ++s) straight.step(random_batch(4, 12, 110 + s));
@@ -910,6 +912,12 @@ TEST_CASE("contract: LoRA: a run saves its adapters, their state and its base's 
   SECTION("fp16") {
     contract::check_frozen_resume<contract_fp16_lora>("lora-fp16", "transformer.layers.1.self_attn.v_proj.lora_A.weight",
                                                       "transformer.layers.1.self_attn.in_proj_weight");
+  }
+  SECTION("fp32 and fp16 with dropout on the adapters' input") {
+    contract::check_frozen_resume<contract_lora>("lora-drop-fp32", "transformer.layers.0.linear1.lora_B.weight",
+                                                 "transformer.layers.0.linear1.weight", 0.25);
+    contract::check_frozen_resume<contract_fp16_lora>("lora-drop-fp16", "transformer.layers.1.self_attn.v_proj.lora_A.weight",
+                                                      "transformer.layers.1.self_attn.in_proj_weight", 0.25);
   }
   // another adapter configuration is another run
   namespace fs = std::filesystem;

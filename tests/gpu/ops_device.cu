@@ -289,6 +289,21 @@ void sgd(vec& p, const vec& g, vec& buf, const optim::sgd_scalars& scalars, doub
   buf = to_host(db);
 }
 
+void dropout(dtype t, vec& y, index_t ldy, const vec& x, index_t ldx, index_t rows, index_t cols,
+             const ops::dropout_scalars& key, std::uint64_t site, index_t row0, bool accumulate) {
+  session s;
+  dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto dy = to_device<T>(y);
+    const auto dx = to_device<T>(x);
+    const auto dk = one_on_device(key);
+    backend_t::dropout(dy.data(), ldy, static_cast<const T*>(dx.data()), ldx, rows, cols, dk.data(), site, row0,
+                       accumulate);
+    y = to_host(dy);
+    return 0;
+  });
+}
+
 void ema(vec& e, const vec& p, double weight, int skip) {
   session s;
   auto de = to_device<float>(e);

@@ -11,6 +11,7 @@
 #include "../ops/runs.hpp"
 #include "etude/config/optim.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/dropout.hpp"
 
 namespace etude::gpu_test {
 
@@ -58,6 +59,9 @@ vec attention_bwd(dtype t, const vec& datt, const vec& qkv, const vec& lse, cons
 
 vec gelu_fwd(dtype t, const vec& x);
 vec gelu_bwd(dtype t, const vec& dy, const vec& x);
+// y (rows, ld ldy; in/out) = or += the mask of key at site, rows from row0, times x (rows, ld ldx)
+void dropout(dtype t, vec& y, index_t ldy, const vec& x, index_t ldx, index_t rows, index_t cols,
+             const ops::dropout_scalars& key, std::uint64_t site, index_t row0, bool accumulate);
 
 // logits in/out; returns the summed loss (and checks that a second call accumulates the same sum).
 double softmax_xent(dtype t, vec& logits, const tokens& target, index_t rows, index_t card, float weight);

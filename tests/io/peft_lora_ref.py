@@ -15,6 +15,10 @@
       batch, into DIR/peer.safetensors: loss (STEPS + 1: before each step, after the last),
       grad.<name> (the first batch's) and after.<name> (after STEPS steps), <name> as in the adapter
       file.
+      Where DIR/masks.safetensors exists (the C++ test's), each adapter's lora_dropout module is
+      replaced by one that multiplies its input (B, S, in) by the mask "<step>.<module name>" of that
+      training step (0 or 1/(1 - p), float32): peft's placement of dropout, on etude's masks. The
+      last loss, an evaluation, sees no dropout.
 
 Exit status: 0 success, 1 a failure (printed), 3 torch/transformers/peft not importable.
 """
@@ -35,6 +39,19 @@ except ImportError as exc:  # the C++ test turns this into a skip with a warning
     sys.exit(3)
 
 
+class GivenMask(torch.nn.Module):
+    """lora_dropout with a mask handed in: x * masks[f"{step}.{name}"] while the model trains."""
+
+    def __init__(self, name, masks, clock):
+        super().__init__()
+        self.name, self.masks, self.clock = name, masks, clock
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        return x * self.masks[f"{self.clock[0]}.{self.name}"]
+
+
 def run(out, k, c, d, h, layers, r, alpha, rslora, steps, lr, wd):
     torch.manual_seed(20261207)
     torch.set_num_threads(1)
@@ -45,6 +62,16 @@ def run(out, k, c, d, h, layers, r, alpha, rslora, steps, lr, wd):
                         target_modules=r".*self_attn\.(q_proj|k_proj|v_proj|out_proj)|.*\.fc1|.*\.fc2|.*lm_heads\.\d+")
     wrapped = get_peft_model(model, config)
     wrapped.save_pretrained(os.path.join(out, "adapter"))
+    clock = [0]
+    masks_file = os.path.join(out, "masks.safetensors")
+    if os.path.exists(masks_file):
+        masks = load_file(masks_file)
+        replaced = 0
+        for name, module in wrapped.named_modules():
+            if isinstance(module, peft.tuners.lora.LoraLayer):
+                module.lora_dropout["default"] = GivenMask(name, masks, clock)
+                replaced += 1
+        print(f"{replaced} adapters' dropout from {masks_file}")
     batch = load_file(os.path.join(out, "batch.safetensors"))
     ids, targets = batch["input_ids"].long(), batch["targets"].long()
     b, kk, s = ids.shape
@@ -61,7 +88,9 @@ def run(out, k, c, d, h, layers, r, alpha, rslora, steps, lr, wd):
         return torch.stack(per_codebook).mean()
 
     losses, result = [], {}
+    wrapped.train()
     for i in range(steps):
+        clock[0] = i
         opt.zero_grad()
         loss = loss_of()
         loss.backward()
@@ -69,6 +98,7 @@ def run(out, k, c, d, h, layers, r, alpha, rslora, steps, lr, wd):
             result.update({"grad." + n: p.grad.detach().clone().contiguous() for n, p in trained.items()})
         losses.append(loss.item())
         opt.step()
+    wrapped.eval()
     with torch.no_grad():
         losses.append(loss_of().item())
     result.update({"after." + n: p.detach().clone().contiguous() for n, p in trained.items()})

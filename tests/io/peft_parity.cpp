@@ -5,7 +5,9 @@
 // the delay pattern's step sequence and targets, written here for the peer — the loss agrees
 // within 1e-6 relative, every adapter's gradient within 1e-5 (relative L2), and after three AdamW
 // steps (torch.optim.AdamW against etude's) every adapter within 2e-5; the base never moves. Once
-// with LoRA's scale and once with rsLoRA's. Needs torch, transformers and peft under ETUDE_PYTHON;
+// with LoRA's scale, once with rsLoRA's, and once with dropout on the adapters' input: peft's
+// lora_dropout modules replaced by etude's masks of each step (ops/dropout.hpp), so the test
+// checks where the dropout sits and how it scales, on the masks etude draws. Needs torch, transformers and peft under ETUDE_PYTHON;
 // reports itself skipped (exit 77, tests/skip.hpp) when they do not import.
 #include <catch2/catch.hpp>
 
@@ -85,8 +87,52 @@ etude::token_batch frames_for(const std::filesystem::path& file) {
   return b;
 }
 
+// PEFT's module of an adapter (what its tensors' names start with in the adapter file).
+std::string peft_module(tg t, int layer, int codebook) {
+  const std::string decoder = "base_model.model.model.decoder.layers." + std::to_string(layer) + ".";
+  switch (t) {
+    case tg::q: return decoder + "self_attn.q_proj";
+    case tg::k: return decoder + "self_attn.k_proj";
+    case tg::v: return decoder + "self_attn.v_proj";
+    case tg::out: return decoder + "self_attn.out_proj";
+    case tg::fc1: return decoder + "fc1";
+    case tg::fc2: return decoder + "fc2";
+    case tg::head: return "base_model.model.lm_heads." + std::to_string(codebook);
+    default: FAIL("no PEFT module for target " << etude::adapt::target_name(t)); return {};
+  }
+}
+
+// Every adapter's input mask in each of `steps` training steps, as etude draws them
+// (ops/dropout.hpp: the seed, the step, the adapter, the row b·S + s, the column), for the peer's
+// lora_dropout: "<step>.<module>" of shape (B, S, in), 0 or 1/(1 − p) in float.
+template <class Params>
+void write_masks(const std::filesystem::path& file, double p, std::uint64_t seed, index_t S) {
+  io::safetensors_writer w;
+  std::vector<std::vector<float>> keep;  // the writer holds spans until write()
+  for (std::size_t i = 0; i < Params::adapter_count; ++i) {
+    const auto& a = Params::entries[i];
+    if (a.kind != etude::param_kind::lora_a) continue;
+    const std::string module = peft_module(a.target, a.layer, a.codebook);
+    const auto place = io::peft_place_of(module + ".lora_A.weight");
+    REQUIRE(place);
+    REQUIRE((place->target == a.target && place->layer == a.layer && place->codebook == a.codebook));
+    const std::uint64_t site = etude::ops::dropout_site(static_cast<int>(a.target), a.layer, a.codebook);
+    for (int s = 0; s < steps; ++s) {
+      const auto key = etude::ops::dropout_key(p, seed, static_cast<std::uint64_t>(s));
+      auto& m = keep.emplace_back(static_cast<std::size_t>(B * S * a.cols));
+      for (index_t r = 0; r < B * S; ++r)
+        for (index_t j = 0; j < a.cols; ++j)
+          m[static_cast<std::size_t>(r * a.cols + j)] =
+              etude::ops::dropout_keeps(key, site, r, j) ? static_cast<float>(key.scale) : 0.0f;
+      w.add(std::to_string(s) + "." + module, m,
+            {static_cast<std::uint64_t>(B), static_cast<std::uint64_t>(S), static_cast<std::uint64_t>(a.cols)});
+    }
+  }
+  w.write(file);
+}
+
 template <class Adapt>
-void check_against_peft(double alpha, bool rslora) {
+void check_against_peft(double alpha, bool rslora, double dropout = 0.0) {
   etude::test::scratch_dir dir;
   const auto probe = run_peer(ETUDE_PYTHON, ETUDE_PEFT_REF, "probe", dir / "probe.log");
   if (probe.status != 0) {
@@ -94,6 +140,15 @@ void check_against_peft(double alpha, bool rslora) {
     return;
   }
   const auto batch = frames_for(dir / "batch.safetensors");
+  etude::hyper h;
+  h.lr = lr;
+  h.weight_decay = wd;
+  h.clip_norm = 0.0;
+  h.warmup_steps = 0;
+  h.lora_dropout = dropout;
+  using params = typename etude::cpu_trainer<config<Adapt>>::params;
+  if (dropout > 0.0)
+    write_masks<params>(dir / "masks.safetensors", dropout, h.seed, etude::make_pattern_plan<pattern>(K, T).steps);
   std::ostringstream args;
   args << "run " << quoted(dir.path().string()) << " " << K << " " << C << " " << sh.dim << " " << sh.heads << " "
        << sh.layers << " " << Adapt::rank << " " << alpha << " " << (rslora ? 1 : 0) << " " << steps << " " << lr << " " << wd;
@@ -101,13 +156,7 @@ void check_against_peft(double alpha, bool rslora) {
   INFO("peer: " << peer.output);
   REQUIRE(peer.status == 0);
 
-  etude::hyper h;
-  h.lr = lr;
-  h.weight_decay = wd;
-  h.clip_norm = 0.0;
-  h.warmup_steps = 0;
   etude::cpu_trainer<config<Adapt>> t{h};
-  using params = typename etude::cpu_trainer<config<Adapt>>::params;
   io::load_hf_weights(t, dir / "hf" / "model.safetensors");
   io::load_peft_adapters(t, dir / "adapter");
   const auto base_before = etude::base_part<params>(t.parameters());
@@ -143,7 +192,8 @@ void check_against_peft(double alpha, bool rslora) {
   CHECK(etude::test::same_bits(etude::base_part<params>(t.parameters()), base_before));
   const auto versions = peer.output.rfind("torch ");
   std::cout << "peft parity (" << peer.output.substr(versions, peer.output.find(':', versions) - versions) << "), " << (rslora ? "rsLoRA" : "LoRA")
-            << " rank " << Adapt::rank << ": loss " << loss << " vs " << losses[0] << ", worst adapter gradient "
+            << " rank " << Adapt::rank << (dropout > 0.0 ? ", dropout " : "") << (dropout > 0.0 ? std::to_string(dropout).substr(0, 4) : std::string())
+            << ": loss " << loss << " vs " << losses[0] << ", worst adapter gradient "
             << worst_grad << ", worst adapter after " << steps << " AdamW steps " << worst_weight << " (relative L2)\n";
 }
 
@@ -155,6 +205,9 @@ using every_rs = etude::adapt::rslora<4, 6, tg::q, tg::k, tg::v, tg::out, tg::fc
 TEST_CASE("LoRA against peft on transformers' MusicGen: loss, adapter gradients and three AdamW steps", "[lora][peft][parity]") {
   SECTION("LoRA, alpha / r") { check_against_peft<every>(8, false); }
   SECTION("rsLoRA, alpha / sqrt(r)") { check_against_peft<every_rs>(6, true); }
+  SECTION("LoRA with dropout on the adapters' input: the peer's lora_dropout applies etude's masks") {
+    check_against_peft<every>(8, false, 0.25);
+  }
 }
 
 TEST_CASE("PEFT adapters that do not fit are refused, naming the file and every problem", "[lora][peft]") {

@@ -257,6 +257,19 @@ inline vec gelu_bwd(dtype t, const vec& dy, const vec& x) {  // dy becomes dx, i
   });
 }
 
+inline void dropout(dtype t, vec& y, index_t ldy, const vec& x, index_t ldx, index_t rows, index_t cols,
+                    const etude::ops::dropout_scalars& key, std::uint64_t site, index_t row0, bool accumulate) {
+  using cpu = etude::backend::cpu;
+  host_dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto ys = to_storage<T>(y);
+    const auto xs = to_storage<T>(x);
+    cpu::dropout(ys.data(), ldy, xs.data(), ldx, rows, cols, &key, site, row0, accumulate);
+    y = to_float(ys);
+    return 0;
+  });
+}
+
 // through a double holding a stale value (the op writes, not adds)
 inline double sum_squares(dtype t, const vec& x) {
   using cpu = etude::backend::cpu;

@@ -57,6 +57,74 @@ TEST_CASE(TEST_BACKEND_NAME ": gelu forward and backward match the CPU", "[ops][
   }
 }
 
+// Dropout's definition element by element (ops/dropout.hpp), bit for bit in every dtype: a kept
+// element is x·scale in float rounded once, a dropped one 0; += adds that in float and rounds once.
+// Strided rows, a row offset, and the mask's statistics: about 1 − p kept, every row and column
+// reached, and another site, step or row offset another mask.
+TEST_CASE(TEST_BACKEND_NAME ": dropout keeps the counter-based mask's elements, scaled", "[ops][elementwise][dropout]") {
+  const index_t rows = 97, cols = 70, ldx = 75, ldy = 72;
+  const double p = 0.3;
+  const auto key = etude::ops::dropout_key(p, 42, 7);
+  const std::uint64_t site = etude::ops::dropout_site(4, 1, -1);
+  const index_t row0 = 1234;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16}) {
+    const vec x = uniform(static_cast<std::size_t>(rows * ldx), -2, 2, 81, t);
+    const vec y0 = uniform(static_cast<std::size_t>(rows * ldy), -1, 1, 82, t);
+    for (const bool accumulate : {false, true}) {
+      vec want = y0;
+      index_t kept = 0;
+      for (index_t r = 0; r < rows; ++r)
+        for (index_t j = 0; j < cols; ++j) {
+          const bool keep = etude::ops::dropout_keeps(key, site, row0 + r, j);
+          kept += keep ? 1 : 0;
+          const float v = keep ? x[static_cast<std::size_t>(r * ldx + j)] * static_cast<float>(key.scale) : 0.0f;
+          float& w = want[static_cast<std::size_t>(r * ldy + j)];
+          w = round_to(t, accumulate ? w + v : v);
+        }
+      vec got = y0;
+      TEST_BACKEND::dropout(t, got, ldy, x, ldx, rows, cols, key, site, row0, accumulate);
+      check_equal(got, want, std::string("dropout ") + name(t) + (accumulate ? " +=" : " ="));
+      // about 1 − p kept: within five standard deviations
+      const double n = static_cast<double>(rows * cols), sd = std::sqrt(n * p * (1 - p));
+      CHECK(std::abs(static_cast<double>(kept) - n * (1 - p)) < 5 * sd);
+    }
+  }
+  CHECK(key.scale == 1.0 / 0.7);
+  // every row and every column keeps some and drops some; other sites, steps and rows differ
+  auto mask = [&](const etude::ops::dropout_scalars& k, std::uint64_t s, index_t r0) {
+    std::vector<char> m(static_cast<std::size_t>(rows * cols));
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < cols; ++j) m[static_cast<std::size_t>(r * cols + j)] = etude::ops::dropout_keeps(k, s, r0 + r, j);
+    return m;
+  };
+  const auto m = mask(key, site, row0);
+  for (index_t r = 0; r < rows; ++r) {
+    index_t in_row = 0;
+    for (index_t j = 0; j < cols; ++j) in_row += m[static_cast<std::size_t>(r * cols + j)];
+    CHECK((in_row > 0 && in_row < cols));
+  }
+  for (index_t j = 0; j < cols; ++j) {
+    index_t in_col = 0;
+    for (index_t r = 0; r < rows; ++r) in_col += m[static_cast<std::size_t>(r * cols + j)];
+    CHECK((in_col > 0 && in_col < rows));
+  }
+  auto agreement = [&](const std::vector<char>& o) {
+    index_t same = 0;
+    for (std::size_t i = 0; i < m.size(); ++i) same += m[i] == o[i] ? 1 : 0;
+    return static_cast<double>(same) / static_cast<double>(m.size());
+  };
+  // independent masks agree on p² + (1 − p)² = 0.58 of the elements
+  CHECK(agreement(mask(key, etude::ops::dropout_site(4, 0, -1), row0)) < 0.65);
+  CHECK(agreement(mask(etude::ops::dropout_key(p, 42, 8), site, row0)) < 0.65);
+  CHECK(agreement(mask(etude::ops::dropout_key(p, 43, 7), site, row0)) < 0.65);
+  CHECK(agreement(mask(key, site, row0 + 1)) < 0.65);
+  CHECK(agreement(mask(key, site, row0)) == 1.0);
+  // p = 0 keeps everything, unscaled
+  const auto none = etude::ops::dropout_key(0.0, 42, 7);
+  CHECK(none.threshold == 0);
+  CHECK(none.scale == 1.0);
+}
+
 #ifdef TEST_BACKEND_CPU
 
 TEST_CASE("GELU backward matches central differences", "[ops]") {

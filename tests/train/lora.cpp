@@ -1,7 +1,8 @@
 // Low-rank adapters (config/adapt.hpp) on the CPU: every adapter's gradient, on every target, against
 // central differences in fp64 (the transformer's default, fused and unfused paths, with
-// recomputation, and on cross-attention's projections); the scale rules; the merge against its
-// definition; the run record. The trainer contracts (tests/contracts/trainer.hpp) check the
+// recomputation, and on cross-attention's projections), without and with dropout on their input;
+// the dropout's masks (training passes only, per step, independent of the batch's split); the
+// scale rules; the merge against its definition; the run record. The trainer contracts (tests/contracts/trainer.hpp) check the
 // adapted model against the merged one and the frozen base on every backend.
 #include <catch2/catch.hpp>
 
@@ -42,13 +43,21 @@ void randomise_b(Trainer& tr) {
 
 // train_all with adapters: the gradients are laid out as the table, so every tensor (base and
 // adapters) is checked.
+// With lora_dropout the mask is the same in every pass of a step (a function of the seed, the
+// step and the element), so the differences see the function the gradients are of.
 template <class Backend, class Lm, class Adapt, class... Policies>
-void check_adapter_gradients(const etude::token_batch& data) {
+void check_adapter_gradients(const etude::token_batch& data, double dropout = 0.0) {
   using cfg = etude::train_config<Lm, etude::precision::fp64, Adapt, etude::train_all, Policies...>;
-  etude::trainer<cfg, Backend> tr;
+  etude::hyper h;
+  h.lora_dropout = dropout;
+  etude::trainer<cfg, Backend> tr{h};
   randomise_b(tr);
   etude::test::check_gradients_against_differences(tr, data);
 }
+
+template <int Microbatches>
+using fp64_lora = etude::train_config<etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>, etude::precision::fp64,
+                                      every_target, etude::accumulate<Microbatches>>;
 
 using plain_lm = etude::model<tiny, etude::pattern::delay<0, 1, 2, 3>>;
 
@@ -69,6 +78,51 @@ TEST_CASE("LoRA: every adapter's gradient against central differences, on every 
   }
 }
 
+TEST_CASE("LoRA dropout: every adapter's gradient against central differences, the mask in place", "[lora][dropout][gradcheck]") {
+  const auto data = tokens(2, 5, 24);
+  SECTION("the CPU's path") { check_adapter_gradients<etude::backend::cpu, plain_lm, every_target>(data, 0.3); }
+  SECTION("the unfused path") { check_adapter_gradients<etude::test::plain_cpu, plain_lm, every_target>(data, 0.5); }
+  SECTION("recomputed under every_layer checkpointing: the same masks again") {
+    check_adapter_gradients<etude::test::fused_cpu, plain_lm, every_target, etude::checkpointing::every_layer>(data, 0.3);
+  }
+}
+
+TEST_CASE("LoRA dropout: training passes only, a mask of the step, the same for any split of the batch", "[lora][dropout]") {
+  const auto data = tokens(4, 6, 25);
+  etude::hyper h;
+  h.lora_dropout = 0.4;
+  etude::trainer<fp64_lora<1>, etude::backend::cpu> dropped{h}, plain;
+  etude::trainer<fp64_lora<2>, etude::backend::cpu> accumulated{h};
+  randomise_b(dropped);
+  randomise_b(plain);
+  randomise_b(accumulated);
+  // an evaluation sees every input
+  CHECK(dropped.evaluate(data).ce == plain.evaluate(data).ce);
+  // a training pass does not, and sees the same mask each time in a step
+  const double ce = dropped.loss_and_gradients(data).ce;
+  CHECK(ce != plain.loss_and_gradients(data).ce);
+  CHECK(dropped.loss_and_gradients(data).ce == ce);
+  // the masks follow each example's place in the batch, not its microbatch
+  CHECK(accumulated.loss_and_gradients(data).ce == Approx(ce).epsilon(1e-12));
+  const auto g = dropped.gradients(), ga = accumulated.gradients();
+  double worst = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - ga[i]));
+  CHECK(worst < 1e-12);
+  // after an update the next step's masks: the same weights at step 0 see other masks
+  dropped.step(data);
+  const auto moved = dropped.parameters();
+  etude::trainer<fp64_lora<1>, etude::backend::cpu> fresh{h};
+  auto wf = fresh.parameters_for_write();
+  std::copy(moved.begin(), moved.end(), wf.begin());
+  CHECK(fresh.loss_and_gradients(data).ce != dropped.loss_and_gradients(data).ce);
+  // and is refused where it cannot apply
+  h.lora_dropout = 1.0;
+  CHECK_THROWS_WITH((etude::trainer<fp64_lora<1>, etude::backend::cpu>{h}), Catch::Contains("lora_dropout must be in [0, 1)"));
+  h.lora_dropout = 0.1;
+  CHECK_THROWS_WITH((etude::trainer<etude::train_config<plain_lm>, etude::backend::cpu>{h}),
+                    Catch::Contains("lora_dropout needs low-rank adapters"));
+}
+
 TEST_CASE("LoRA: cross-attention's projections, keys and values from the condition tensor", "[lora][gradcheck]") {
   namespace cond = etude::cond;
   using conds = etude::conditions<cond::attribute<"key", 5, 3>, cond::embedding<"text", 6, 4>, etude::fuse::cross>;
@@ -82,6 +136,8 @@ TEST_CASE("LoRA: cross-attention's projections, keys and values from the conditi
   for (index_t e = 0; e < 2; ++e)
     for (int p = 0; p < conds::embedding_positions; ++p) b.embedding_mask.push_back(p < 3 - e ? 1 : 0);
   check_adapter_gradients<etude::backend::cpu, lm, cross_targets>(b);
+  // with dropout: the condition rows' masks (keys and values) are rows of their own
+  check_adapter_gradients<etude::backend::cpu, lm, cross_targets>(b, 0.3);
 }
 
 TEST_CASE("LoRA: the scale, the default targets, the table and the record", "[lora]") {

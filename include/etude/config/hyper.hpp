@@ -37,6 +37,9 @@ struct hyper {
   // copies the weights. 0: none (no memory spent). AudioCraft's MusicGen uses 0.99 every update.
   double ema_decay = 0.0;
   long ema_every = 1;
+  // dropout on the low-rank adapters' input (config/adapt.hpp; PEFT's lora_dropout) in training
+  // passes, a mask of its own for each adapter, drawn from the seed and the step: [0, 1), 0: none
+  double lora_dropout = 0.0;
 };
 
 }  // namespace etude

@@ -4,6 +4,15 @@
 
 #include <cstdint>
 
+// Functions both a host and a CUDA kernel call (step_control's decision, dropout's mask).
+#ifndef ETUDE_HOST_DEVICE
+#if defined(__CUDACC__)
+#define ETUDE_HOST_DEVICE __host__ __device__
+#else
+#define ETUDE_HOST_DEVICE
+#endif
+#endif
+
 namespace etude {
 
 using index_t = std::int64_t;

@@ -28,7 +28,8 @@
 BOOST_HANA_ADAPT_STRUCT(etude::shape, codebooks, card, dim, heads, layers, ffn_mult, max_len);
 BOOST_HANA_ADAPT_STRUCT(etude::hyper, lr, beta1, beta2, eps, weight_decay, momentum, warmup_steps, total_steps,
                         min_lr_ratio, clip_norm, seed, loss_scale, scale_growth, scale_backoff, scale_interval,
-                        condition_dropout, condition_dropout_mode, attribute_dropout, ema_decay, ema_every);
+                        condition_dropout, condition_dropout_mode, attribute_dropout, ema_decay, ema_every,
+                        lora_dropout);
 
 namespace etude {
 NLOHMANN_JSON_SERIALIZE_ENUM(hyper::dropout_mode, {{hyper::dropout_mode::per_sample, "per_sample"},

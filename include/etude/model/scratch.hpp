@@ -13,30 +13,44 @@
 #include "etude/config/shape.hpp"
 #include "etude/core/arena.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/dropout.hpp"
 
 namespace etude {
 
 // Scratch for the heads and the backward pass, laid out for exactly `rows` positions (B·S, or
 // B·(LC+S) with fuse::prepend), in the activation dtype: every user of the scratch takes its
 // pointers from here. With low-rank adapters of rank R (config/adapt.hpp), two (rows, R) buffers
-// hold an adapter's x·Aᵀ and dy·B for the one product that needs them.
+// hold an adapter's x·Aᵀ and dy·B for the one product that needs them, and a block of at most
+// lora_block rows as wide as the widest adapter input holds the input after dropout (or, in the
+// backward, the input's gradient before it).
 template <shape S, class A, int R = 0>
 struct transformer_scratch {
+  static constexpr index_t lora_block = 512;
   static constexpr index_t part(index_t rows, index_t width) {
     return arena::round_up(rows * width * static_cast<index_t>(sizeof(A)));
   }
+  static constexpr index_t lora_in_part(index_t rows) {
+    return R > 0 ? part(std::min(rows, lora_block), std::max<index_t>(S.dim, S.ffn())) : 0;
+  }
   static constexpr index_t bytes(index_t rows) {
     return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card) +
-           2 * part(rows, R);
+           2 * part(rows, R) + lora_in_part(rows);
   }
-  A* dx;      // (BS, D)  gradient of the residual stream
-  A* dh;      // (BS, D)  gradient entering a block; dlnf from the heads
-  A* dqkv;    // (BS, 3D)
-  A* dffn;    // (BS, F)
-  A* logits;  // (BS, C)  one codebook's logits, then their gradient
-  A* lora_x;  // (BS, R)  an adapter's input times Aᵀ               (R > 0)
-  A* lora_dy; // (BS, R)  an adapter's output gradient times B      (R > 0)
+  A* dx;       // (BS, D)  gradient of the residual stream
+  A* dh;       // (BS, D)  gradient entering a block; dlnf from the heads
+  A* dqkv;     // (BS, 3D)
+  A* dffn;     // (BS, F)
+  A* logits;   // (BS, C)  one codebook's logits, then their gradient
+  A* lora_x;   // (BS, R)  an adapter's input times Aᵀ               (R > 0)
+  A* lora_dy;  // (BS, R)  an adapter's output gradient times B      (R > 0)
+  A* lora_in;  // (min(BS, lora_block), max(D, F))  an adapter's input after dropout (R > 0)
   index_t rows;
+  // The adapters' input dropout in this pass (null: none, as in an evaluation), the pass's first
+  // example in the global batch and its examples' positions (the mask's rows are positions of the
+  // global batch).
+  const ops::dropout_scalars* dropout = nullptr;
+  index_t first_example = 0;
+  index_t positions = 0;
   transformer_scratch(std::byte* base, index_t rows_)
       : dx(at(base, 0)),
         dh(at(base, part(rows_, S.dim))),
@@ -46,6 +60,8 @@ struct transformer_scratch {
         lora_x(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()) + part(rows_, S.card))),
         lora_dy(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()) + part(rows_, S.card) +
                          part(rows_, R))),
+        lora_in(at(base, 2 * part(rows_, S.dim) + part(rows_, 3 * S.dim) + part(rows_, S.ffn()) + part(rows_, S.card) +
+                         2 * part(rows_, R))),
         rows(rows_) {}
 
  private:

@@ -32,6 +32,7 @@
 #include "etude/model/params.hpp"
 #include "etude/model/scratch.hpp"
 #include "etude/model/trainable_layout.hpp"
+#include "etude/ops/dropout.hpp"
 #include "etude/ops/gemm.hpp"
 #include "etude/ops/layernorm.hpp"
 
@@ -141,32 +142,58 @@ struct transformer {
   static constexpr bool fused_gelu_bwd = ops::fuses_gemm_gelu<Backend> && !Adapt::adapts(adapt::target::fc2);
   static constexpr bool adapts(adapt::target t) { return Adapt::adapts(t); }
   static constexpr index_t R = Adapt::rank;
-  // An adapter's two (rows, R) buffers (the scratch's): x·Aᵀ and s·dy·B, for at most `rows` rows
-  // at a time.
+  // An adapter's buffers (the scratch's): x·Aᵀ and s·dy·B for at most `rows` rows at a time, the
+  // input after dropout for at most `in_rows`, and the pass's dropout: its key (null: none) and
+  // the global row of the microbatch's first position and of its first condition position.
   struct lora_buffers {
     A* x = nullptr;
     A* dy = nullptr;
     index_t rows = 0;
+    A* in = nullptr;
+    index_t in_rows = 0;
+    const ops::dropout_scalars* dropout = nullptr;
+    index_t row0 = 0;
+    index_t cond_row0 = 0;
   };
   static lora_buffers lora_of(const scratch_t& sc) {
-    if constexpr (Adapt::any) return {sc.lora_x, sc.lora_dy, sc.rows};
+    if constexpr (Adapt::any)
+      return {sc.lora_x,  sc.lora_dy, sc.rows, sc.lora_in, std::min(sc.rows, scratch_t::lora_block), sc.dropout,
+              sc.first_example * sc.positions, sc.first_example * LC};
     else return {};
   }
   static const param_desc& adapter(param_kind ab, adapt::target t, int l, int k = -1) { return params::at(ab, t, l, k); }
-  // y (rows, out; ld ldy) += s·(x·Aᵀ)·Bᵀ, x (rows, in; ld ldx): the adapter on target t of layer l
-  // (of head k). In blocks of the scratch's rows (cross-attention's keys and values have more).
+  // The global row of an adapter input's row r0 (cross-attention's keys and values read
+  // condition rows: a row space of their own).
+  static index_t mask_row(adapt::target t, const lora_buffers& lb, index_t r0) {
+    return (t == adapt::target::cross_k || t == adapt::target::cross_v ? lb.cond_row0 : lb.row0) + r0;
+  }
+  // An adapter's input rows [r0, r0 + n) after the pass's dropout, into the buffers' `in`.
+  static const A* dropped(adapt::target t, int l, int k, const A* x, index_t ldx, index_t cols, index_t r0,
+                          index_t n, const lora_buffers& lb) {
+    Backend::dropout(lb.in, cols, x + r0 * ldx, ldx, n, cols, lb.dropout, ops::dropout_site(static_cast<int>(t), l, k),
+                     mask_row(t, lb, r0), false);
+    return lb.in;
+  }
+  // y (rows, out; ld ldy) += s·(drop(x)·Aᵀ)·Bᵀ, x (rows, in; ld ldx): the adapter on target t of
+  // layer l (of head k). In blocks of the scratch's rows (cross-attention's keys and values have
+  // more), or of the dropout buffer's.
   static void adapter_fwd(const W* p, adapt::target t, int l, int k, const A* x, index_t ldx, A* y, index_t ldy,
                           index_t rows, const lora_buffers& lb, const workspace& ws) {
     const param_desc& a = adapter(param_kind::lora_a, t, l, k);
     const param_desc& b = adapter(param_kind::lora_b, t, l, k);
-    for (index_t r0 = 0; r0 < rows; r0 += lb.rows) {
-      const index_t n = std::min(lb.rows, rows - r0);
-      mm(ws, false, true, n, R, a.cols, 1.0, x + r0 * ldx, ldx, p + a.offset, a.cols, 0.0, lb.x, R);
+    const bool drop = lb.dropout != nullptr;
+    const index_t block = drop ? lb.in_rows : lb.rows;
+    for (index_t r0 = 0; r0 < rows; r0 += block) {
+      const index_t n = std::min(block, rows - r0);
+      const A* xr = drop ? dropped(t, l, k, x, ldx, a.cols, r0, n, lb) : x + r0 * ldx;
+      const index_t ldxr = drop ? a.cols : ldx;
+      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldxr, p + a.offset, a.cols, 0.0, lb.x, R);
       mm(ws, false, true, n, b.rows, R, Adapt::scale, lb.x, R, p + b.offset, R, 1.0, y + r0 * ldy, ldy);
     }
   }
-  // Its backward from dy (rows, out; ld ldy): dB += s·dyᵀ·(x·Aᵀ), dA += (s·dy·B)ᵀ·x and
-  // dx (rows, in; ld lddx) += (s·dy·B)·A, x·Aᵀ recomputed.
+  // Its backward from dy (rows, out; ld ldy): dB += s·dyᵀ·(x'·Aᵀ), dA += (s·dy·B)ᵀ·x' and
+  // dx (rows, in; ld lddx) += drop((s·dy·B)·A), x' = drop(x) and x'·Aᵀ recomputed (the same mask:
+  // it is a function of the key, the adapter and the row).
   static void adapter_bwd(const W* p, G* g, adapt::target t, int l, int k, const A* x, index_t ldx, const A* dy,
                           index_t ldy, A* dx, index_t lddx, index_t rows, const lora_buffers& lb, const workspace& ws) {
     const std::size_t ia = params::index_of(param_kind::lora_a, t, l, k);
@@ -174,15 +201,25 @@ struct transformer {
     const param_desc& b = params::entries[ia + 1];
     G* ga = g + grads::offsets[ia];
     G* gb = g + grads::offsets[ia + 1];
-    for (index_t r0 = 0; r0 < rows; r0 += lb.rows) {
-      const index_t n = std::min(lb.rows, rows - r0);
-      const A* xr = x + r0 * ldx;
+    const bool drop = lb.dropout != nullptr;
+    const index_t block = drop ? lb.in_rows : lb.rows;
+    for (index_t r0 = 0; r0 < rows; r0 += block) {
+      const index_t n = std::min(block, rows - r0);
+      const A* xr = drop ? dropped(t, l, k, x, ldx, a.cols, r0, n, lb) : x + r0 * ldx;
+      const index_t ldxr = drop ? a.cols : ldx;
       const A* dyr = dy + r0 * ldy;
-      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldx, p + a.offset, a.cols, 0.0, lb.x, R);
+      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldxr, p + a.offset, a.cols, 0.0, lb.x, R);
       mm(ws, true, false, b.rows, R, n, Adapt::scale, dyr, ldy, lb.x, R, 1.0, gb, R);
       mm(ws, false, false, n, R, b.rows, Adapt::scale, dyr, ldy, p + b.offset, R, 0.0, lb.dy, R);
-      mm(ws, true, false, R, a.cols, n, 1.0, lb.dy, R, xr, ldx, 1.0, ga, a.cols);
-      mm(ws, false, false, n, a.cols, R, 1.0, lb.dy, R, p + a.offset, a.cols, 1.0, dx + r0 * lddx, lddx);
+      mm(ws, true, false, R, a.cols, n, 1.0, lb.dy, R, xr, ldxr, 1.0, ga, a.cols);
+      if (!drop) {
+        mm(ws, false, false, n, a.cols, R, 1.0, lb.dy, R, p + a.offset, a.cols, 1.0, dx + r0 * lddx, lddx);
+        continue;
+      }
+      // the input's share through the same mask: (s·dy·B)·A into the buffer, then dx += drop(it)
+      mm(ws, false, false, n, a.cols, R, 1.0, lb.dy, R, p + a.offset, a.cols, 0.0, lb.in, a.cols);
+      Backend::dropout(dx + r0 * lddx, lddx, static_cast<const A*>(lb.in), a.cols, n, a.cols, lb.dropout,
+                       ops::dropout_site(static_cast<int>(t), l, k), mask_row(t, lb, r0), true);
     }
   }
 

@@ -30,6 +30,7 @@
 #include "etude/ops/attention.hpp"
 #include "etude/ops/condition.hpp"
 #include "etude/ops/cross_attention.hpp"
+#include "etude/ops/dropout.hpp"
 #include "etude/ops/elementwise.hpp"
 #include "etude/ops/ema.hpp"
 #include "etude/ops/embedding.hpp"
@@ -45,7 +46,7 @@ namespace etude {
 
 template <class B, class Policy>
 concept backend_op_set =
-    ops::gemm_op<B, Policy> && ops::elementwise_op<B, Policy> && ops::embedding_op<B, Policy> &&
+    ops::gemm_op<B, Policy> && ops::elementwise_op<B, Policy> && ops::dropout_op<B, Policy> && ops::embedding_op<B, Policy> &&
     ops::layernorm_op<B, Policy> && ops::attention_op<B, Policy> && ops::kv_cache_op<B, Policy> && ops::softmax_xent_op<B, Policy> &&
     ops::reduce_op<B, Policy> && ops::adamw_op<B, Policy> && ops::sgd_op<B, Policy> && ops::ema_op<B, Policy> &&
     requires(const step_limits* limits, const double* losses, step_decision* decision, typename Policy::grad_t* g,

@@ -35,16 +35,9 @@
 #include <cstdint>
 
 #include "etude/core/types.hpp"
+#include "etude/ops/dropout.hpp"
 #include "etude/ops/ema.hpp"
 
-// Functions both a host and a CUDA kernel call (step_control's decision).
-#ifndef ETUDE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define ETUDE_HOST_DEVICE __host__ __device__
-#else
-#define ETUDE_HOST_DEVICE
-#endif
-#endif
 
 namespace etude {
 
@@ -86,6 +79,7 @@ struct step_scalars {
   F weight[N];                      // loss weight of (microbatch m, codebook k) at m·K + k
   F zero_weight;                    // 0: forward-only losses (evaluation)
   ops::ema_scalars ema;             // the EMA's weight for this step's update (0: none this step)
+  ops::dropout_scalars dropout;     // the low-rank adapters' input dropout (ops/dropout.hpp)
 };
 
 // What a step leaves for the host to read after it.

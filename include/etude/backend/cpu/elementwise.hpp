@@ -1,5 +1,5 @@
 // The CPU's elementwise ops (spec: ops/elementwise.hpp): conversions, zeroing, exact-erf GELU (of
-// 16-bit activations by table: kernels/avx512_gelu_lookup.hpp).
+// 16-bit activations by table: kernels/avx512_gelu_lookup.hpp), and dropout (ops/dropout.hpp).
 #pragma once
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "etude/backend/cpu/kernels/avx512_gelu_lookup.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
+#include "etude/ops/dropout.hpp"
 
 namespace etude::backend {
 
@@ -110,6 +111,25 @@ struct cpu_elementwise {
       for (index_t i = 0; i < n; ++i)
         dy[i] = cpu_detail::convert<DY>(cpu_detail::convert<Compute>(dy[i]) *
                                         gelu_slope(cpu_detail::convert<Compute>(x[i])));
+    }
+  }
+
+  // Dropout with the counter-based mask of ops/dropout.hpp: y = m·x, or y += m·x.
+  template <class Y, class X>
+  static void dropout(Y* y, index_t ldy, const X* x, index_t ldx, index_t rows, index_t cols,
+                      const ops::dropout_scalars* key, std::uint64_t site, index_t row0, bool accumulate) {
+    using Compute = cpu_detail::compute_of<Y>;
+    const ops::dropout_scalars k = *key;
+    const Compute scale = static_cast<Compute>(k.scale);
+#pragma omp parallel for schedule(static) if (rows * cols > cpu_detail::parallel_min)
+    for (index_t r = 0; r < rows; ++r) {
+      const std::uint64_t draw = ops::dropout_row(k, site, row0 + r);
+      Y* out = y + r * ldy;
+      const X* in = x + r * ldx;
+      for (index_t j = 0; j < cols; ++j) {
+        const Compute v = ops::dropout_keeps(draw, k, j) ? cpu_detail::convert<Compute>(in[j]) * scale : Compute(0);
+        out[j] = cpu_detail::convert<Y>(accumulate ? cpu_detail::convert<Compute>(out[j]) + v : v);
+      }
     }
   }
 

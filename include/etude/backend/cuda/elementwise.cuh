@@ -1,7 +1,7 @@
 // Elementwise ops on the current stream: copy (with dtype conversion), fill_zero, AudioCraft's
-// sinusoidal positions, exact-erf GELU forward and backward. Grid-stride loops, several elements
-// in flight per thread (tuning<op::elementwise, T>). Values are widened to float, computed, and
-// rounded once on store.
+// sinusoidal positions, exact-erf GELU forward and backward, dropout (ops/dropout.hpp).
+// Grid-stride loops, several elements in flight per thread (tuning<op::elementwise, T>). Values
+// are widened to float, computed, and rounded once on store.
 // Not for: reductions (reduce.cuh) or row-wise ops (layernorm.cuh, softmax_xent.cuh).
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "etude/backend/cuda/dtype.cuh"
 #include "etude/backend/cuda/tuning.cuh"
 #include "etude/core/types.hpp"
+#include "etude/ops/dropout.hpp"
 
 namespace etude::cuda {
 
@@ -58,6 +59,21 @@ __global__ void gelu_rows_kernel(D* act, const D* pre, index_t rows, index_t col
   grid_stride<Unroll>(rows * cols, [&](index_t i) {
     const index_t r = i / cols, c = i % cols;
     act[r * ld + c] = from_float<D>(gelu(to_float(pre[r * ld + c])));
+  });
+}
+
+// Dropout with ops/dropout.hpp's counter-based mask: y = m·x or y += m·x. The product is rounded
+// before the add (__fmul_rn: no contraction into an FMA), as the CPU computes it.
+template <class Y, class X, int Unroll>
+__global__ void dropout_kernel(Y* y, index_t ldy, const X* x, index_t ldx, index_t rows, index_t cols,
+                               const ops::dropout_scalars* key, std::uint64_t site, index_t row0, bool accumulate) {
+  const ops::dropout_scalars k = *key;
+  const float scale = static_cast<float>(k.scale);
+  grid_stride<Unroll>(rows * cols, [&](index_t i) {
+    const index_t r = i / cols, c = i % cols;
+    const float v = ops::dropout_keeps(k, site, row0 + r, c) ? __fmul_rn(to_float(x[r * ldx + c]), scale) : 0.0f;
+    Y* out = y + r * ldy + c;
+    *out = from_float<Y>(accumulate ? __fadd_rn(to_float(*out), v) : v);
   });
 }
 
@@ -131,6 +147,19 @@ struct cuda_elementwise {
     ETUDE_LAUNCH(detail::sinusoid_kernel, detail::grid_for(steps * (dim / 2), 256, 8), 256, 0, current().stream())
         (dev(out), steps, dim);
     ETUDE_CUDA_CHECK_LAUNCH("sinusoid_kernel");
+  }
+
+  // Dropout with ops/dropout.hpp's counter-based mask (the key read from device memory when the
+  // kernel runs).
+  template <class Y, class X>
+  static void dropout(Y* y, index_t ldy, const X* x, index_t ldx, index_t rows, index_t cols,
+                      const ops::dropout_scalars* key, std::uint64_t site, index_t row0, bool accumulate) {
+    if (rows <= 0 || cols <= 0) return;
+    using tune = tuning<op::elementwise, Y>;
+    ETUDE_LAUNCH((detail::dropout_kernel<device_t<Y>, device_t<X>, tune::unroll>),
+                 detail::elementwise_grid<tune>(rows * cols), tune::threads, 0, current().stream())
+        (dev(y), ldy, dev(x), ldx, rows, cols, key, site, row0, accumulate);
+    ETUDE_CUDA_CHECK_LAUNCH("dropout_kernel");
   }
 
   // y = x·Φ(x), exact erf.

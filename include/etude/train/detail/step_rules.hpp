@@ -43,6 +43,10 @@ void validate_hyper(const hyper& h) {
   if (!(h.attribute_dropout >= 0.0 && h.attribute_dropout <= 1.0)) fail("attribute_dropout must be in [0, 1]");
   if (!(h.ema_decay >= 0.0 && h.ema_decay < 1.0)) fail("ema_decay must be in [0, 1) (0: no EMA)");
   if (h.ema_every < 1) fail("ema_every must be >= 1");
+  if (!(h.lora_dropout >= 0.0 && h.lora_dropout < 1.0)) fail("lora_dropout must be in [0, 1)");
+  if constexpr (!Config::adapters::any) {
+    if (h.lora_dropout != 0.0) fail("lora_dropout needs low-rank adapters (etude::adapt::lora<...>)");
+  }
   if constexpr (!Config::model::conditioned) {
     if (h.condition_dropout != 0.0 || h.attribute_dropout != 0.0)
       fail("condition_dropout and attribute_dropout need a conditioned model (etude::conditions<...>)");

@@ -29,6 +29,8 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
   // the EMA's weight if this step's update is one of its updates (the step_with that applies it
   // advances the count); 0 leaves the average as it is
   c.ema.weight = has_ema() && (step_ + 1) % hyper_.ema_every == 0 ? 1.0 / next_ema_count() : 0.0;
+  // the adapters' dropout masks, drawn as condition dropout's coins are (a resumed run draws the same)
+  c.dropout = ops::dropout_key(hyper_.lora_dropout, hyper_.seed, dropout_draw());
 }
 
 // Every rank's valid-target counts: totals summed over ranks (the loss_norm::tokens normaliser);

@@ -35,11 +35,15 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   const auto bucket = std::max<index_t>(1, static_cast<index_t>(dp_.bucket_bytes / sizeof(grad_type)));
   Backend::fill_zero(grads, PG);
   step_op("clear_gradients");
-  const microbatch_workspace w = carve(nb, steps);
+  microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
     grad_type* g = m == 0 ? grads : micro;
-    obs.begin({m, nb, dp_.rank() * nb * microbatches + m * nb, steps, net::positions(steps), net::prefix,
-               model::conditions::positions, S.heads});
+    const index_t first = dp_.rank() * nb * microbatches + m * nb;  // in the global batch
+    obs.begin({m, nb, first, steps, net::positions(steps), net::prefix, model::conditions::positions, S.heads});
+    // the adapters' input dropout: its masks follow the examples' places in the global batch
+    w.scratch.dropout = Config::adapters::any && hyper_.lora_dropout > 0.0 ? &c->dropout : nullptr;
+    w.scratch.first_example = first;
+    w.scratch.positions = net::positions(steps);
     if (m > 0) {
       Backend::fill_zero(micro, PG);
       step_op("clear_gradients");
