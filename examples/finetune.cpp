@@ -174,6 +174,7 @@ int main(int argc, char** argv) try {
   defaults.frames = 24;
   defaults.steps = 20;
   defaults.hyperparameters.lr = 1e-3;
+  defaults.hyperparameters.lora_dropout = 0.05;
   defaults.valid_every = 10;
   defaults.checkpoint_every = 10;
   defaults.samples = 2;

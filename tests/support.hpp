@@ -5,9 +5,23 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <cstdint>
 #include <type_traits>
 
+#include <etude/core/rng.hpp>
+#include <etude/model/params.hpp>
+
 namespace etude::test {
+
+// Every low-rank adapter's B drawn uniformly from ±bound: a new adapter's B is zero, which changes
+// nothing and leaves A without a gradient.
+template <class Trainer>
+void randomise_adapters(Trainer& t, std::uint64_t seed, double bound) {
+  rng r(seed);
+  for (const auto& p : Trainer::params::entries)
+    if (p.kind == param_kind::lora_b)
+      for (auto& x : t.tensor_for_write(p)) x = static_cast<typename Trainer::value_type>(r.uniform(-bound, bound));
+}
 
 // ‖a − b‖ / ‖b‖ over two equally long arrays (‖a − b‖ when b is zero): how far a tensor is from
 // its reference, insensitive to the elements that are zero in both.

@@ -28,6 +28,7 @@
 #include <etude/io/checkpoint.hpp>
 #include <etude/train/adapters.hpp>
 
+#include "../support.hpp"
 #include "configs.hpp"
 
 #ifndef ETUDE_CONTRACT_BACKEND
@@ -805,23 +806,8 @@ TEST_CASE("contract: frozen groups: an update that would overflow names the firs
 // ---- low-rank adapters (config/adapt.hpp) ---------------------------------------------------------
 
 namespace contract {
-// Every adapter's B set to small random values: a new adapter's B is zero, and it would change
-// nothing.
-template <class Trainer>
-void randomise_adapters(Trainer& t, std::uint64_t seed) {
-  etude::rng r(seed);
-  for (const auto& p : Trainer::params::entries)
-    if (p.kind == etude::param_kind::lora_b)
-      for (auto& x : t.tensor_for_write(p)) x = static_cast<typename Trainer::value_type>(r.uniform(-0.05, 0.05));
-}
-
 inline double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    d += (got[i] - want[i]) * (got[i] - want[i]);
-    n += want[i] * want[i];
-  }
-  return std::sqrt(d / n);
+  return etude::test::relative_l2(std::span(got), std::span(want));
 }
 
 // The adapted model against the model without adapters holding the merged weights W + s·B·A
@@ -833,7 +819,7 @@ void check_lora_against_merged() {
   using params = typename L::params;
   const auto h = contract_hyper();
   L t{h};
-  randomise_adapters(t, 7);
+  etude::test::randomise_adapters(t, 7, 0.05);
   trainer_for<Full> full{h};
   const auto merged = etude::merged_weights(t);
   auto w = full.parameters_for_write();

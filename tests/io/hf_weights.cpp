@@ -127,10 +127,7 @@ TEST_CASE("a trainer with LoRA adapters exports merged weights and imports into 
   using base_cfg = etude::train_config<cross_lm>;
   etude::cpu_trainer<lora_cfg> a{seeded(1)};
   using params = etude::cpu_trainer<lora_cfg>::params;
-  etude::rng r(11);
-  for (const auto& p : params::entries)
-    if (p.kind == etude::param_kind::lora_b)
-      for (auto& x : a.tensor_for_write(p)) x = static_cast<float>(r.uniform(-0.1, 0.1));
+  etude::test::randomise_adapters(a, 11, 0.1);
   const auto merged = etude::merged_weights(a);
 
   // Hugging Face names: the adapters folded in, read back by a trainer without them

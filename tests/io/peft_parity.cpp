@@ -54,12 +54,7 @@ std::vector<double> doubles(std::span<const T> v) {
 
 double relative_l2(const std::vector<double>& got, const std::vector<double>& want) {
   REQUIRE(got.size() == want.size());
-  double d = 0, n = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    d += (got[i] - want[i]) * (got[i] - want[i]);
-    n += want[i] * want[i];
-  }
-  return std::sqrt(d / n);
+  return etude::test::relative_l2(std::span(got), std::span(want));
 }
 
 // A batch of frames, and for the peer the pattern's step sequence (the special token C where no

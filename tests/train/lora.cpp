@@ -14,6 +14,7 @@
 #include <etude/train/adapters.hpp>
 
 #include "../gradient_check.hpp"
+#include "../support.hpp"
 
 using etude::index_t;
 namespace adapt = etude::adapt;
@@ -32,13 +33,10 @@ etude::token_batch tokens(index_t batch, index_t frames, std::uint64_t seed) {
   return b;
 }
 
-// Every adapter's B away from zero (a new one's is zero, which leaves A without a gradient).
+// Every adapter's B away from zero.
 template <class Trainer>
 void randomise_b(Trainer& tr) {
-  etude::rng r(3);
-  for (const auto& p : Trainer::params::entries)
-    if (p.kind == etude::param_kind::lora_b)
-      for (auto& x : tr.tensor_for_write(p)) x = r.uniform(-0.5, 0.5);
+  etude::test::randomise_adapters(tr, 3, 0.5);
 }
 
 // train_all with adapters: the gradients are laid out as the table, so every tensor (base and

@@ -312,6 +312,9 @@ void visit_fields(Options& o_in, Visit&& v) {
                  "keep an fp32 EMA of the weights with this decay (below 1; AudioCraft's MusicGen: 0.99), "
                  "validated beside the weights (ema_ce) and saved in checkpoints; 0: none"});
   v(integer_field<long>{"ema_every", h.ema_every, 1L, most, "with ema_decay: update the EMA every N optimiser updates"});
+  v(number_field{"lora_dropout", h.lora_dropout, 0.0, false, 1.0,
+                 "configurations with low-rank adapters: dropout on the adapters' input in training "
+                 "(PEFT's lora_dropout), below 1; 0: none"});
   v(flag_field{"ema_samples", o.ema_samples, "with ema_decay: generate the samples from the EMA of the weights"});
 }
 
