@@ -174,20 +174,32 @@ struct transformer {
                      mask_row(t, lb, r0), false);
     return lb.in;
   }
+  // The rows an adapter takes at a time: the scratch's, or the dropout buffer's.
+  static index_t adapter_block(const lora_buffers& lb) { return lb.dropout != nullptr ? lb.in_rows : lb.rows; }
+  // An adapter's input rows [r0, r0 + n), after the pass's dropout where there is one, and
+  // x'·Aᵀ of them into the buffers' x; returns x' and its leading dimension.
+  struct adapter_rows {
+    const A* x;
+    index_t ld;
+  };
+  static adapter_rows adapter_in(const W* p, const param_desc& a, adapt::target t, int l, int k, const A* x,
+                                 index_t ldx, index_t r0, index_t n, const lora_buffers& lb, const workspace& ws) {
+    const adapter_rows in = lb.dropout != nullptr ? adapter_rows{dropped(t, l, k, x, ldx, a.cols, r0, n, lb), a.cols}
+                                                  : adapter_rows{x + r0 * ldx, ldx};
+    mm(ws, false, true, n, R, a.cols, 1.0, in.x, in.ld, p + a.offset, a.cols, 0.0, lb.x, R);
+    return in;
+  }
   // y (rows, out; ld ldy) += s·(drop(x)·Aᵀ)·Bᵀ, x (rows, in; ld ldx): the adapter on target t of
-  // layer l (of head k). In blocks of the scratch's rows (cross-attention's keys and values have
-  // more), or of the dropout buffer's.
+  // layer l (of head k), in blocks (cross-attention's keys and values have more rows than the
+  // scratch).
   static void adapter_fwd(const W* p, adapt::target t, int l, int k, const A* x, index_t ldx, A* y, index_t ldy,
                           index_t rows, const lora_buffers& lb, const workspace& ws) {
     const param_desc& a = adapter(param_kind::lora_a, t, l, k);
     const param_desc& b = adapter(param_kind::lora_b, t, l, k);
-    const bool drop = lb.dropout != nullptr;
-    const index_t block = drop ? lb.in_rows : lb.rows;
+    const index_t block = adapter_block(lb);
     for (index_t r0 = 0; r0 < rows; r0 += block) {
       const index_t n = std::min(block, rows - r0);
-      const A* xr = drop ? dropped(t, l, k, x, ldx, a.cols, r0, n, lb) : x + r0 * ldx;
-      const index_t ldxr = drop ? a.cols : ldx;
-      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldxr, p + a.offset, a.cols, 0.0, lb.x, R);
+      adapter_in(p, a, t, l, k, x, ldx, r0, n, lb, ws);
       mm(ws, false, true, n, b.rows, R, Adapt::scale, lb.x, R, p + b.offset, R, 1.0, y + r0 * ldy, ldy);
     }
   }
@@ -201,18 +213,15 @@ struct transformer {
     const param_desc& b = params::entries[ia + 1];
     G* ga = g + grads::offsets[ia];
     G* gb = g + grads::offsets[ia + 1];
-    const bool drop = lb.dropout != nullptr;
-    const index_t block = drop ? lb.in_rows : lb.rows;
+    const index_t block = adapter_block(lb);
     for (index_t r0 = 0; r0 < rows; r0 += block) {
       const index_t n = std::min(block, rows - r0);
-      const A* xr = drop ? dropped(t, l, k, x, ldx, a.cols, r0, n, lb) : x + r0 * ldx;
-      const index_t ldxr = drop ? a.cols : ldx;
+      const adapter_rows in = adapter_in(p, a, t, l, k, x, ldx, r0, n, lb, ws);
       const A* dyr = dy + r0 * ldy;
-      mm(ws, false, true, n, R, a.cols, 1.0, xr, ldxr, p + a.offset, a.cols, 0.0, lb.x, R);
       mm(ws, true, false, b.rows, R, n, Adapt::scale, dyr, ldy, lb.x, R, 1.0, gb, R);
       mm(ws, false, false, n, R, b.rows, Adapt::scale, dyr, ldy, p + b.offset, R, 0.0, lb.dy, R);
-      mm(ws, true, false, R, a.cols, n, 1.0, lb.dy, R, xr, ldxr, 1.0, ga, a.cols);
-      if (!drop) {
+      mm(ws, true, false, R, a.cols, n, 1.0, lb.dy, R, in.x, in.ld, 1.0, ga, a.cols);
+      if (lb.dropout == nullptr) {
         mm(ws, false, false, n, a.cols, R, 1.0, lb.dy, R, p + a.offset, a.cols, 1.0, dx + r0 * lddx, lddx);
         continue;
       }
