@@ -28,9 +28,10 @@ TEST_CASE("the configuration is reflected field by field", "[record]") {
   const auto hj = etude::io::reflect(h);
   CHECK(hj["lr"] == 3e-4);
   CHECK(hj["seed"] == 42);
-  CHECK(hj.size() == 20);
+  CHECK(hj.size() == 21);
   CHECK(hj["ema_decay"] == 0.0);
   CHECK(hj["ema_every"] == 1);
+  CHECK(hj["lora_dropout"] == 0.0);
   CHECK(hj["condition_dropout_mode"] == "per_sample");
   // a conditioned model's record names its conditions and fuser
   using conds = etude::conditions<etude::cond::attribute<"key", 24>, etude::cond::embedding<"text", 384, 64>>;
