@@ -29,8 +29,9 @@ struct transformer_scratch {
   static constexpr index_t part(index_t rows, index_t width) {
     return arena::round_up(rows * width * static_cast<index_t>(sizeof(A)));
   }
+  static constexpr index_t lora_in_rows(index_t rows) { return std::min(rows, lora_block); }
   static constexpr index_t lora_in_part(index_t rows) {
-    return R > 0 ? part(std::min(rows, lora_block), std::max<index_t>(S.dim, S.ffn())) : 0;
+    return R > 0 ? part(lora_in_rows(rows), std::max<index_t>(S.dim, S.ffn())) : 0;
   }
   static constexpr index_t bytes(index_t rows) {
     return 2 * part(rows, S.dim) + part(rows, 3 * S.dim) + part(rows, S.ffn()) + part(rows, S.card) +

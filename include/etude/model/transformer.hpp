@@ -157,7 +157,7 @@ struct transformer {
   };
   static lora_buffers lora_of(const scratch_t& sc) {
     if constexpr (Adapt::any)
-      return {sc.lora_x,  sc.lora_dy, sc.rows, sc.lora_in, std::min(sc.rows, scratch_t::lora_block), sc.dropout,
+      return {sc.lora_x,  sc.lora_dy, sc.rows, sc.lora_in, scratch_t::lora_in_rows(sc.rows), sc.dropout,
               sc.first_example * sc.positions, sc.first_example * LC};
     else return {};
   }
