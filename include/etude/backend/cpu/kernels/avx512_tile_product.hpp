@@ -329,6 +329,12 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void panel(int vectors, index_t m, index_t w
 
 }  // namespace kernel
 
+// The AMX tiles' path for word products (amx_tile_product.hpp, included at the end).
+inline bool amx_tiles();
+template <class TC>
+void amx_product(index_t m, index_t n, index_t words, float alpha, const word* a, index_t a_row, index_t a_pair,
+                 const word* b, index_t ldb, float beta, TC* c, index_t ldc, causal shape);
+
 // C (m × n, float or bf16, row stride ldc) = alpha·Σ_p A(i, p)·B(p, j) + beta·C over `words` words,
 // on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C. The words
 // are bf16 pairs, or floats (A and B in float, each output one chain of fused multiply-adds in the
@@ -339,6 +345,12 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void product(index_t m, index_t n, index_t w
                                                  TC* c, index_t ldc, causal shape = {}) {
   static_assert(std::is_same_v<W, word> || std::is_same_v<W, float>,
                 "tile_product::product multiplies pairs or floats");
+  if constexpr (std::is_same_v<W, word>) {
+    if (amx_tiles()) {
+      amx_product(m, n, words, alpha, a, a_row, a_pair, b, ldb, beta, c, ldc, shape);
+      return;
+    }
+  }
   constexpr index_t width = kernel::tile_vectors * lanes;
   for (index_t j = 0; j < n; j += width) {
     const index_t cols = std::min(width, n - j);
@@ -447,3 +459,6 @@ inline void pack_columns(word* dst, index_t ldd, const bf16* src, index_t ld, in
 }
 
 }  // namespace etude::backend::cpu_detail::tile_product
+
+// The AMX tiles' word products, where the CPU has them (after everything they build on).
+#include "etude/backend/cpu/kernels/amx_tile_product.hpp"  // NOLINT(misc-header-include-cycle)

@@ -12,7 +12,12 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
     !defined(ETUDE_CPU_PORTABLE)
+#include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 // This unit compiles the AVX-512 and AVX512_BF16 kernels.
 #define ETUDE_CPU_X86_KERNELS 1
 // AVX-512 F, BW and VL: the vector math (exponentials, lookups, bf16 rounding).
@@ -45,10 +50,39 @@ inline bool avx512_bf16() {
   return has;
 }
 
+// AMX's bf16 tiles: whether the CPU has them, and whether this process may use them. Linux hands a
+// process the 8 KiB of tile state only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA), and may refuse (an old kernel, a sandbox); a process refused, or on another system,
+// keeps the AVX512_BF16 kernels.
+enum class amx_state { absent, refused, granted };
+
+inline amx_state amx_bf16_state() {
+  static const amx_state state = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!avx512_bf16() || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return amx_state::absent;
+    constexpr unsigned amx_bf16_bit = 1u << 22, amx_tile_bit = 1u << 24;
+    if ((d & amx_bf16_bit) == 0 || (d & amx_tile_bit) == 0) return amx_state::absent;
+#ifdef __linux__
+    constexpr long request_permission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long xtiledata = 18;                // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, request_permission, xtiledata) == 0 ? amx_state::granted : amx_state::refused;
+#else
+    return amx_state::refused;
+#endif
+  }();
+  return state;
+}
+
+// Whether this process runs AMX bf16 tile code (checked, and permission asked, once).
+inline bool amx_bf16() { return amx_bf16_state() == amx_state::granted; }
+
 #else
 
 inline bool avx512() { return false; }
 inline bool avx512_bf16() { return false; }
+enum class amx_state { absent, refused, granted };
+inline amx_state amx_bf16_state() { return amx_state::absent; }
+inline bool amx_bf16() { return false; }
 
 #endif
 

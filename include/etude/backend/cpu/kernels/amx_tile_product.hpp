@@ -1,0 +1,271 @@
+// tile_product's bf16 pair products on AMX tiles, where the CPU has them and the kernel grants
+// their state (isa::amx_bf16()): the same contract as the AVX512_BF16 kernels (operands in pair
+// words, alpha, beta, a causal operand's shape), the instruction tdpbf16ps instead of vdpbf16ps.
+// Included by avx512_tile_product.hpp, whose product() sends word products here.
+//
+// A tile is 16 rows of 16 words (64 bytes); B's pair layout is the tile's own (a row of B is a word
+// of the reduction, 16 columns across), so B is read in place, and so is a row-major A whose
+// reduction fills whole tiles. Other A (seen transposed, or a reduction that ends inside a tile) is
+// staged, zero-padded, in a thread's own buffer once per 32 rows; a reduction's last partial tile
+// of B is staged with zero rows. C is built in blocks of 2 × 2 tiles (32 × 32 outputs; tiles 0–3
+// accumulate, 4–5 hold A, 6–7 B) over the reduction in steps of 16 words counted from word 0, so
+// each output's sum is grouped by the reduction alone: the same bits whatever the rows, columns or
+// strides of a call, and the same bits when a causal shape leaves out steps of zeros. The sums are
+// not vdpbf16ps's bits (the instruction groups 16 pairs a step, and flushes subnormal inputs and
+// outputs as vdpbf16ps does); they are float roundings of the same products.
+//
+// Tile state is per thread: each call loads its configuration and releases the tiles at its end,
+// so a call may run on any thread, beside oneDNN's own tile kernels.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
+#include "etude/backend/cpu/kernels/isa.hpp"
+
+namespace etude::backend::cpu_detail::tile_product {
+
+// Whether word products run on AMX tiles in this process: the CPU has them, the kernel granted
+// them, and neither ETUDE_AMX=off nor set_amx_tiles(false) said no (for measuring and testing the
+// AVX512_BF16 kernels on the same CPU).
+inline std::atomic<bool>& amx_enabled() {
+  static std::atomic<bool> on = [] {
+    const char* env = std::getenv("ETUDE_AMX");
+    return env == nullptr || (std::strcmp(env, "off") != 0 && std::strcmp(env, "0") != 0);
+  }();
+  return on;
+}
+inline bool amx_tiles() { return isa::amx_bf16() && amx_enabled().load(); }
+inline void set_amx_tiles(bool on) { amx_enabled().store(on); }
+
+#ifdef ETUDE_CPU_X86_KERNELS
+
+namespace amx {
+
+inline constexpr index_t edge = 16;  // a tile's rows, and words in a row (64 bytes)
+
+// The instructions, with the tile's number an immediate. Each names memory it reads or writes to
+// the compiler ("memory"): a staged buffer is written by ordinary stores just before a tile load.
+template <int T>
+inline void load_tile(const void* at, index_t stride_bytes) {
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(at), "r"(static_cast<long>(stride_bytes)), "i"(T)
+                   : "memory");
+}
+template <int T>
+inline void store_tile(void* at, index_t stride_bytes) {
+  __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(at), "r"(static_cast<long>(stride_bytes)), "i"(T)
+                   : "memory");
+}
+template <int T>
+inline void zero_tile() {
+  __asm__ volatile("tilezero %%tmm%c0" ::"i"(T));
+}
+// tile C += A·B, in pairs (tdpbf16ps)
+template <int C, int A, int B>
+inline void dot_tiles() {
+  __asm__ volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A), "i"(C));
+}
+
+// Palette 1, eight tiles of 16 rows × 64 bytes.
+struct alignas(64) tile_config {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(tile_config) == 64, "amx::tile_config: ldtilecfg reads 64 bytes");
+
+// The calling thread's tiles configured while it lives, released after.
+class tiles {
+ public:
+  tiles() {
+    static const tile_config config{};
+    __asm__ volatile("ldtilecfg %0" ::"m"(config));
+  }
+  ~tiles() { __asm__ volatile("tilerelease" ::); }
+  tiles(const tiles&) = delete;
+  tiles& operator=(const tiles&) = delete;
+};
+
+// A buffer of the calling thread's own, at least `words` long, on a 64-byte line.
+inline word* stage_room(index_t words) {
+  thread_local std::vector<word> room;
+  constexpr index_t line = 16;
+  if (room.size() < static_cast<std::size_t>(words + line)) room.resize(static_cast<std::size_t>(words + line));
+  const auto at = reinterpret_cast<std::uintptr_t>(room.data());
+  return room.data() + ((64 - at % 64) % 64) / sizeof(word);
+}
+
+// Rows [i, i + rows) (at most 2 tiles) of A's words [w0, w1) into dst, 2·tile rows of `ld` words
+// (ld ≥ w1 − w0, a multiple of the tile), zero past w1 − w0 and past `rows`.
+ETUDE_CPU_AVX512_BF16_TARGET inline void stage_a(word* dst, index_t ld, const word* a, index_t a_row, index_t a_pair,
+                                                 index_t i, index_t rows, index_t w0, index_t w1) {
+  const index_t count = w1 - w0;
+  if (a_row == 1) {
+    // A seen transposed: 16 rows of a tile lie together in each word, so tiles of 16 × 16 words
+    // are read as words and transposed in registers
+    for (index_t r0 = 0; r0 < 2 * edge; r0 += edge) {
+      const __mmask16 m = r0 < rows ? vmath512::valid(r0, rows) : __mmask16(0);
+      for (index_t p0 = 0; p0 < ld; p0 += edge) {
+        __m512i x[16];
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q)
+          x[q] = p0 + q < count ? _mm512_maskz_loadu_epi32(m, a + (i + r0) + (w0 + p0 + q) * a_pair)
+                                : _mm512_setzero_si512();
+        kernel::transpose_16x16(x);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) _mm512_store_si512(dst + (r0 + r) * ld + p0, x[r]);
+      }
+    }
+    return;
+  }
+  for (index_t r = 0; r < 2 * edge; ++r) {
+    word* d = dst + r * ld;
+    if (r >= rows) {
+      std::fill(d, d + ld, word(0));
+      continue;
+    }
+    const word* s = a + (i + r) * a_row + w0 * a_pair;
+    if (a_pair == 1) {
+      std::memcpy(d, s, static_cast<std::size_t>(count) * sizeof(word));
+    } else {
+      for (index_t p = 0; p < count; ++p) d[p] = s[p * a_pair];
+    }
+    std::fill(d + count, d + ld, word(0));
+  }
+}
+
+// One tile of outputs from the float tile `t` (16 × 16, rows 64 bytes apart) into C: `rows` rows,
+// the columns `cols` masks, as alpha·t + beta·C.
+template <class TC>
+ETUDE_CPU_AVX512_BF16_TARGET inline void finish(const float* t, index_t rows, __mmask16 cols, float alpha, float beta,
+                                                TC* c, index_t ldc) {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (index_t r = 0; r < rows; ++r) kernel::store(c + r * ldc, cols, _mm512_load_ps(t + r * edge), va, beta, vb);
+}
+
+}  // namespace amx
+
+namespace kernel {
+
+// product() on AMX tiles (above): requires amx_tiles().
+template <class TC>
+ETUDE_CPU_AVX512_BF16_TARGET inline void amx_product(index_t m, index_t n, index_t words, float alpha, const word* a,
+                                                     index_t a_row, index_t a_pair, const word* b, index_t ldb,
+                                                     float beta, TC* c, index_t ldc, causal shape) {
+  using namespace amx;
+  constexpr index_t block = 2 * edge, per = 2;  // rows or columns of a block; bf16 in a word
+  const amx::tiles held;
+  alignas(64) word b_last[2 * edge * edge];  // a reduction's partial last tile of B, two columns of tiles
+  alignas(64) float out[edge * edge];
+  const index_t whole_steps = words / edge;
+  // a row-major A whose reduction fills whole tiles is read in place, 32 rows at a time
+  const bool a_in_place = a_pair == 1 && words % edge == 0;
+  for (index_t i = 0; i < m; i += block) {
+    const index_t rows = std::min(block, m - i);
+    // the reduction's steps the block's rows meet: the union of theirs, counted from word 0
+    const index_t s0 = shape.first_word(i, per) / edge;
+    const index_t s1 = std::max(s0, (shape.end_word(i, rows, words, per) + edge - 1) / edge);
+    if (s0 == s1 && beta == 1.0f) continue;  // nothing to add
+    const word* ap = a + i * a_row + s0 * edge;
+    index_t a_ld = a_row;
+    if (s1 > s0 && (!a_in_place || rows < block)) {
+      a_ld = std::max<index_t>(1, s1 - s0) * edge;
+      word* staged = stage_room(block * a_ld);
+      stage_a(staged, a_ld, a, a_row, a_pair, i, rows, s0 * edge, std::min(words, s1 * edge));
+      ap = staged;
+    }
+    // the last row of each row tile, for a causal shape's columns
+    const index_t last0 = i + std::min(edge, rows) - 1, last1 = i + rows - 1;
+    for (index_t j = 0; j < n; j += block) {
+      const bool two_rows = rows > edge, two_cols = n - j > edge;
+      // the tiles this block writes: all, or those with a column at or before their rows' diagonal
+      const bool cut = shape.what == causal::columns_to_row;
+      const bool t00 = !cut || j <= shape.offset + last0;
+      const bool t01 = two_cols && (!cut || j + edge <= shape.offset + last0);
+      const bool t10 = two_rows && (!cut || j <= shape.offset + last1);
+      const bool t11 = two_rows && two_cols && (!cut || j + edge <= shape.offset + last1);
+      if (!t00 && !t10) break;  // past every row's diagonal, and so is every later block
+      zero_tile<0>();
+      zero_tile<1>();
+      zero_tile<2>();
+      zero_tile<3>();
+      for (index_t s = s0; s < s1; ++s) {
+        const word* as = ap + (s - s0) * edge;
+        load_tile<4>(as, a_ld * index_t(sizeof(word)));
+        if (two_rows) load_tile<5>(as + edge * a_ld, a_ld * index_t(sizeof(word)));
+        if (s < whole_steps) {
+          const word* bs = b + s * edge * ldb + j;
+          load_tile<6>(bs, ldb * index_t(sizeof(word)));
+          if (two_cols) load_tile<7>(bs + edge, ldb * index_t(sizeof(word)));
+        } else {
+          // rows of B past the reduction are not there to read: zeros meet A's zero words
+          const index_t have = words - s * edge, width = two_cols ? block : edge;
+          for (index_t p = 0; p < edge; ++p) {
+            word* d = b_last + p * block;
+            if (p < have)
+              std::memcpy(d, b + (s * edge + p) * ldb + j, static_cast<std::size_t>(width) * sizeof(word));
+            else
+              std::fill(d, d + width, word(0));
+          }
+          load_tile<6>(b_last, block * index_t(sizeof(word)));
+          if (two_cols) load_tile<7>(b_last + edge, block * index_t(sizeof(word)));
+        }
+        if (t00) dot_tiles<0, 4, 6>();
+        if (t01) dot_tiles<1, 4, 7>();
+        if (t10) dot_tiles<2, 5, 6>();
+        if (t11) dot_tiles<3, 5, 7>();
+      }
+      const __mmask16 c0 = vmath512::valid(j, n), c1 = two_cols ? vmath512::valid(j + edge, n) : __mmask16(0);
+      const index_t r0 = std::min(edge, rows), r1 = rows - r0;
+      TC* cb = c + i * ldc + j;
+      if constexpr (std::is_same_v<TC, float>) {
+        // whole float tiles with nothing to scale or add go straight to C
+        if (alpha == 1.0f && beta == 0.0f && r0 == edge && c0 == __mmask16(0xFFFF) &&
+            (!two_cols || c1 == __mmask16(0xFFFF)) && (!two_rows || r1 == edge)) {
+          const index_t stride = ldc * index_t(sizeof(float));
+          if (t00) store_tile<0>(cb, stride);
+          if (t01) store_tile<1>(cb + edge, stride);
+          if (t10) store_tile<2>(cb + edge * ldc, stride);
+          if (t11) store_tile<3>(cb + edge * ldc + edge, stride);
+          continue;
+        }
+      }
+      constexpr index_t out_stride = edge * index_t(sizeof(float));
+      if (t00) {
+        store_tile<0>(out, out_stride);
+        finish(out, r0, c0, alpha, beta, cb, ldc);
+      }
+      if (t01) {
+        store_tile<1>(out, out_stride);
+        finish(out, r0, c1, alpha, beta, cb + edge, ldc);
+      }
+      if (t10) {
+        store_tile<2>(out, out_stride);
+        finish(out, r1, c0, alpha, beta, cb + edge * ldc, ldc);
+      }
+      if (t11) {
+        store_tile<3>(out, out_stride);
+        finish(out, r1, c1, alpha, beta, cb + edge * ldc + edge, ldc);
+      }
+    }
+  }
+}
+
+}  // namespace kernel
+
+template <class TC>
+void amx_product(index_t m, index_t n, index_t words, float alpha, const word* a, index_t a_row, index_t a_pair,
+                 const word* b, index_t ldb, float beta, TC* c, index_t ldc, causal shape) {
+  kernel::amx_product(m, n, words, alpha, a, a_row, a_pair, b, ldb, beta, c, ldc, shape);
+}
+
+#endif
+
+}  // namespace etude::backend::cpu_detail::tile_product
