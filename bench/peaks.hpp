@@ -1,5 +1,6 @@
-// The arithmetic ceilings of this CPU, measured: the fp32 FMA peak and the bf16 dot-product peak
-// (vdpbf16ps), each a register-blocked loop of independent accumulators run on every OpenMP thread.
+// The arithmetic ceilings of this CPU, measured: the fp32 FMA peak, the bf16 dot-product peak
+// (vdpbf16ps) and the AMX bf16 tile peak (tdpbf16ps), each a loop of independent accumulators (registers
+// or tiles) run on every OpenMP thread.
 // Each kernel is compiled for its instruction set with a target attribute and chosen at run time
 // by what the CPU reports, so one binary measures whatever the machine has and says "n/a" for
 // what it lacks. Not a model of any real kernel: only the instruction throughput, no memory.
@@ -12,6 +13,8 @@
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include <etude/backend/cpu/kernels/isa.hpp>
 
 #include "timing.hpp"
 
@@ -74,6 +77,32 @@ __attribute__((target("avx512f,avx512bf16"))) inline void dpbf16_512(long iters)
   sink = _mm512_reduce_add_ps(s);
 }
 
+// tdpbf16ps: a 16 × 16 float tile += a 16 × 32 bf16 tile times a 32 × 16 one (16,384 FLOPs). Four
+// accumulator tiles over two A and two B tiles loaded once (bf16 ones and ~1e-6), the 2 × 2 block
+// the product kernels use (amx_tile_product.hpp), with no memory in the loop. Each thread loads
+// the configuration itself: tile state is per thread.
+inline void amx_bf16_tiles(long iters) {
+  struct alignas(64) config {
+    unsigned char palette = 1, start_row = 0, reserved[14] = {};
+    unsigned short bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    unsigned char rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  };
+  static const config cfg{};
+  alignas(64) static const std::vector<unsigned short> ones(16 * 32, 0x3f80), small(16 * 32, 0x3586);
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5" ::"r"(ones.data()), "r"(64L) : "memory");
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7" ::"r"(small.data()), "r"(64L) : "memory");
+  for (long i = 0; i < iters; ++i)
+    __asm__ volatile(
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::);
+  alignas(64) float out[16 * 16];
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(out), "r"(64L) : "memory");
+  __asm__ volatile("tilerelease" ::);
+  sink = out[0];
+}
+
 // FLOPs of one iteration of kernel k, summed over every thread; median over reps, each about
 // `seconds` long (the iteration count is calibrated on a first run).
 template <class Kernel>
@@ -125,6 +154,29 @@ inline peak bf16_dot_peak() {
   p.available = true;
   p.gflops = d::rate(d::dpbf16_512, 4.0 * 16 * d::chains_512);
   p.isa = "avx512_bf16 (vdpbf16ps zmm)";
+  return p;
+}
+
+// The AMX bf16 tile peak (tdpbf16ps), or n/a where the CPU lacks AMX or the kernel refuses its tile
+// state (etude's kernels then take vdpbf16ps, and so does this ceiling's reader).
+inline peak amx_bf16_peak() {
+  namespace d = peaks_detail;
+  namespace isa = etude::backend::cpu_detail::isa;
+  peak p;
+  p.threads = omp_get_max_threads();
+  switch (isa::amx_bf16_state()) {
+    case isa::amx_state::absent:
+      p.isa = "n/a: the CPU has no AMX bf16 tiles";
+      return p;
+    case isa::amx_state::refused:
+      p.isa = "n/a: the kernel refused AMX tile state (arch_prctl)";
+      return p;
+    case isa::amx_state::granted:
+      break;
+  }
+  p.available = true;
+  p.gflops = d::rate(d::amx_bf16_tiles, 4.0 * 16 * 16 * 32 * 2);
+  p.isa = "amx_bf16 (tdpbf16ps, 2 x 2 tiles)";
   return p;
 }
 

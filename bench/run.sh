@@ -3,9 +3,10 @@
 # etude's training step (fp32 and bf16) beside its peers on the same model and batch: Debian's
 # PyTorch 1.13 (bench/torch_step.py on its parity fast path) and PyPI's PyTorch 2.x with
 # torch.compile, fp32 and bf16 autocast. Every round also measures the machine's ceilings (fp32 FMA
-# peak, the bf16 dot-product peak where the CPU has AVX512_BF16, and the fp32 and bf16 gemms etude
-# uses: oneDNN, or OpenBLAS sgemm without it), and every result is printed as a fraction of them
-# and as ratios within its round.
+# peak, the bf16 dot-product peak where the CPU has AVX512_BF16, the AMX bf16 tile peak where it has
+# AMX, and the fp32 and bf16 gemms etude uses: oneDNN, or OpenBLAS sgemm without it), and every
+# result is printed as a fraction of the ceilings of the instructions it ran on, and as ratios
+# within its round.
 #   bench/run.sh [build-dir]        (default build/bench)
 #
 # Figures that cannot lie: each measurement's timed window records the CPU time other processes
@@ -144,7 +145,7 @@ peer() {
 }
 
 for round in $(seq 1 "$rounds"); do
-  for ceiling in fma_peak bf16_dot_peak fp32_gemm bf16_gemm; do
+  for ceiling in fma_peak bf16_dot_peak amx_bf16_peak fp32_gemm bf16_gemm; do
     "${clean_env[@]}" "${load[@]}" --tag round="$round" -- "$step_bench" "$ceiling" | tee -a "$out"
   done
   for name in $configs; do

@@ -1,7 +1,7 @@
 // Step benchmark: ms/step, tokens/s (B·T frames per second) and achieved GFLOP/s of etude's CPU
 // training step for the tiny and small configurations of the core issue, in fp32 or bf16, and the
 // machine's ceilings measured in the same run: the fp32 FMA peak, the bf16 dot-product peak (n/a
-// without AVX512_BF16), and the fp32 and bf16 products etude uses (backend::cpu::gemm on float
+// without AVX512_BF16), the AMX bf16 tile peak (n/a without AMX), and the fp32 and bf16 products etude uses (backend::cpu::gemm on float
 // and on bf16 operands: oneDNN where it is linked and fast here, else OpenBLAS or widened sgemm).
 // Prints one JSON line per measurement, with the CPU time other processes took during its timed
 // window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and, for a step, the
@@ -18,9 +18,9 @@
 // sequences cost beside short ones. `--profile` follows each configuration's timing with two steps
 // under a timing observer (the executor's marks between ops, train/step_observer.hpp) and prints
 // each op kind's share of the step, attention's and the products' among them.
-//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|bf16_gemm|cond|trainable|lora|lora_small|all]
+//   step_bench [tiny|tiny_long|small|fp32_gemm|fma_peak|bf16_dot_peak|amx_bf16_peak|bf16_gemm|cond|trainable|lora|lora_small|all]
 //              [--steps N] [--precision fp32|bf16] [--profile]
-// `all` runs the four ceilings and the tiny and small configurations in the chosen precision.
+// `all` runs the five ceilings and the tiny and small configurations in the chosen precision.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -423,6 +423,7 @@ int main(int argc, char** argv) {
   }
   if (which == "fma_peak" || which == "all") bench_peak("fma_peak", etude_bench::fma_peak);
   if (which == "bf16_dot_peak" || which == "all") bench_peak("bf16_dot_peak", etude_bench::bf16_dot_peak);
+  if (which == "amx_bf16_peak" || which == "all") bench_peak("amx_bf16_peak", etude_bench::amx_bf16_peak);
   if (which == "fp32_gemm" || which == "all") bench_gemm<float>("fp32_gemm", "backend::cpu::gemm<float, float, float>");
   if (which == "bf16_gemm" || which == "all")
     bench_gemm<etude::bf16>("bf16_gemm", "backend::cpu::gemm<bf16, bf16, bf16>");

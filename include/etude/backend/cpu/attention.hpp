@@ -6,7 +6,8 @@
 // heads (own_float_attention()) and bf16 heads whose products cpu_gemm takes on the bf16
 // dot-product instructions (bf16_dot_products()) run on etude's tile kernels instead
 // (kernels/avx512_attention.hpp, in blocks of dot_rows): there bf16 probabilities and dS are
-// rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K.
+// rounded to bf16 (as the CUDA kernel rounds them) to meet V, dO, Q and K. Their bf16 products run
+// on AMX tiles where the CPU has them (kernels/amx_tile_product.hpp), else on vdpbf16ps.
 #pragma once
 
 #include <omp.h>
@@ -64,7 +65,7 @@ struct cpu_attention : cpu_detail::attention_blocks {
   static std::string attention_products() {
     const std::string f = own_float_attention() ? "float on etude's AVX-512 kernels"
                                                 : "float on cpu::gemm (" + cpu_gemm::float_products() + ")";
-    return f + "; bf16 " + (bf16_dots() ? "on etude's AVX512_BF16 kernels (P and dS rounded to bf16)" : "widened to float");
+    return f + "; bf16 " + bf16_products_named();
   }
 
   // The head dimension is the model's, a compile-time value (ops/attention.hpp); the CPU's loops
@@ -91,6 +92,23 @@ struct cpu_attention : cpu_detail::attention_blocks {
   // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
   // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
   // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
+  // The bf16 heads' path: AMX tiles, the dot-product instructions (and why not AMX, where the CPU
+  // has it), or widened.
+  static std::string bf16_products_named() {
+    namespace isa = cpu_detail::isa;
+    if (!bf16_dots()) return "widened to float";
+    if (cpu_detail::tile_product::amx_tiles()) return "on etude's AMX tile kernels (tdpbf16ps; P and dS rounded to bf16)";
+    const std::string dots = "on etude's AVX512_BF16 kernels (vdpbf16ps; P and dS rounded to bf16)";
+    switch (isa::amx_bf16_state()) {
+      case isa::amx_state::refused:
+        return dots + "; the CPU has AMX but the kernel refused its tile state (arch_prctl)";
+      case isa::amx_state::granted:
+        return dots + "; AMX turned off (ETUDE_AMX=off or set_amx_tiles(false))";
+      case isa::amx_state::absent:
+        break;
+    }
+    return dots;
+  }
   static bool bf16_dots() { return cpu_gemm::bf16_dot_products() && cpu_detail::tile_product::available(); }
   static bool dot_products(index_t head_dim) { return head_dim % 2 == 0 && bf16_dots(); }
 

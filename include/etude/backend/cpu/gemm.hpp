@@ -68,7 +68,10 @@ struct cpu_gemm {
 
   // The path products of two bf16 operands take in this program on this CPU, for run records.
   static std::string bf16_products() {
-    if (own_bf16_products()) return "etude's AVX512_BF16 kernels (tile_product::gemm), float accumulation";
+    if (own_bf16_products())
+      return cpu_detail::tile_product::amx_tiles()
+                 ? "etude's AMX tile kernels (tile_product::gemm on tdpbf16ps), float accumulation"
+                 : "etude's AVX512_BF16 kernels (tile_product::gemm), float accumulation";
 #ifdef ETUDE_CPU_GEMM_DNNL
     return cpu_detail::dnnl_gemm::instance().describe(cpu_detail::dnnl_operands::bf16);
 #else
