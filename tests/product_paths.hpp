@@ -1,7 +1,7 @@
 // The paths a product of two bf16 operands can take on the CPU, for tests that hold a claim on
 // every path this CPU and program offer rather than on the one the CPU happens to pick: etude's own
-// kernels (AVX512_BF16; the default where oneDNN would not multiply on AMX), oneDNN's bf16 matmul
-// (linked and native here: AVX512_BF16 or AMX tiles; the default on AMX), and float sgemm on
+// kernels (AMX tiles or AVX512_BF16; the default, unless etude's AMX tiles are turned off where oneDNN
+// multiplies on AMX), oneDNN's bf16 matmul (linked and native here: AVX512_BF16 or AMX tiles), and float sgemm on
 // widened operands (every CPU). Not for choosing a path in a program: that is cpu_gemm's job.
 #pragma once
 

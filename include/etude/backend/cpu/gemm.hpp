@@ -2,9 +2,9 @@
 // a program that links etude::dnnl, where oneDNN has a brgemm kernel for the CPU (faster than
 // OpenBLAS on every product measured, kernels/dnnl_gemm.hpp), else to CBLAS; all-double products to
 // CBLAS (Debian's OpenBLAS, built with OpenMP, so it shares the ops' thread pool). Two bf16
-// operands go to etude's own kernels on the CPU's bf16 dot-product instructions (AVX512_BF16,
-// float accumulation, kernels/avx512_bf16_gemm.hpp) where the CPU has them, else to oneDNN's bf16 matmul
-// in a program that links etude::dnnl where oneDNN multiplies natively (AMX, say); any other
+// operands go to etude's own kernels on the CPU's bf16 instructions (AMX tiles, else AVX512_BF16's
+// dot products; float accumulation, kernels/avx512_bf16_gemm.hpp) where the CPU has them, else to
+// oneDNN's bf16 matmul in a program that links etude::dnnl where oneDNN multiplies natively; any other
 // 16-bit product goes through gemm_tiled, which widens tiles into the caller's workspace and
 // multiplies them as float products. float_products() and bf16_products() name the paths taken.
 // GELU and its backward are epilogues of the bf16 kernels (gemm_gelu, gemm_gelu_bwd; the same bits
@@ -83,9 +83,10 @@ struct cpu_gemm {
 
   // Whether products of two bf16 operands run on etude's own kernels (tile_product::gemm) in this
   // process: the CPU has AVX512_BF16, and neither set_own_bf16_products(false) nor the environment
-  // (ETUDE_BF16_GEMM=onednn or widen: for measuring one path against another) said no, nor does a
-  // linked oneDNN multiply on AMX (ETUDE_BF16_GEMM=own insists). They need no oneDNN; elsewhere
-  // bf16 products go to oneDNN where it is linked and native, else widen.
+  // (ETUDE_BF16_GEMM=onednn or widen: for measuring one path against another) said no, nor, with
+  // etude's AMX tiles turned off (ETUDE_AMX=off), does a linked oneDNN multiply on AMX
+  // (ETUDE_BF16_GEMM=own insists). They need no oneDNN; elsewhere bf16 products go to oneDNN where
+  // it is linked and native, else widen.
   static bool own_bf16_products() { return cpu_detail::tile_product::available() && own_enabled().load(); }
   static void set_own_bf16_products(bool on) { own_enabled().store(on); }
 
@@ -241,9 +242,12 @@ struct cpu_gemm {
       const char* env = std::getenv("ETUDE_BF16_GEMM");
       if (env != nullptr && (std::strcmp(env, "onednn") == 0 || std::strcmp(env, "widen") == 0)) return false;
 #ifdef ETUDE_CPU_GEMM_DNNL
-      // a CPU with AMX multiplies bf16 tiles several times faster than vdpbf16ps: oneDNN's there
+      // a CPU with AMX multiplies bf16 tiles several times faster than vdpbf16ps: etude's kernels
+      // take them (small's bf16 step 446 ms on them, 565 on oneDNN 2.6's AMX matmul: an AMX Xeon,
+      // 2 cores, `build/bench/step_bench small --precision bf16` with ETUDE_BF16_GEMM=own, onednn);
+      // with those turned off, oneDNN's
       auto& dnnl = cpu_detail::dnnl_gemm::instance();
-      if (dnnl.active(cpu_detail::dnnl_operands::bf16) &&
+      if (!cpu_detail::tile_product::amx_tiles() && dnnl.active(cpu_detail::dnnl_operands::bf16) &&
           dnnl.describe(cpu_detail::dnnl_operands::bf16).find("amx") != std::string::npos)
         return env != nullptr && std::strcmp(env, "own") == 0;
 #endif

@@ -49,6 +49,7 @@ inline void set_amx_tiles(bool on) { amx_enabled().store(on); }
 namespace amx {
 
 inline constexpr index_t edge = 16;  // a tile's rows, and words in a row (64 bytes)
+static_assert(amx_words(1) == edge, "tile_product::amx_words rounds to whole tiles");
 
 // The instructions, with the tile's number an immediate. Each names memory it reads or writes to
 // the compiler ("memory"): a staged buffer is written by ordinary stores just before a tile load.
@@ -102,15 +103,16 @@ inline word* stage_room(index_t words) {
   return room.data() + ((64 - at % 64) % 64) / sizeof(word);
 }
 
-// Rows [i, i + rows) (at most 2 tiles) of A's words [w0, w1) into dst, 2·tile rows of `ld` words
-// (ld ≥ w1 − w0, a multiple of the tile), zero past w1 − w0 and past `rows`.
-ETUDE_CPU_AVX512_BF16_TARGET inline void stage_a(word* dst, index_t ld, const word* a, index_t a_row, index_t a_pair,
-                                                 index_t i, index_t rows, index_t w0, index_t w1) {
+// A's words [w0, w1) of rows [i, i + rows) into dst as `out_rows` rows (a multiple of the tile, at
+// least rows) of `ld` words (ld ≥ w1 − w0, a multiple of the tile), zero past w1 − w0 and past rows:
+// the layout tiles load in place. A seen transposed (a_row = 1: a tile's 16 rows lie together in
+// each word) goes in 16 × 16 words transposed in registers.
+ETUDE_CPU_AVX512_BF16_TARGET inline void rows_of_words(word* dst, index_t ld, index_t out_rows, const word* a,
+                                                       index_t a_row, index_t a_pair, index_t i, index_t rows,
+                                                       index_t w0, index_t w1) {
   const index_t count = w1 - w0;
   if (a_row == 1) {
-    // A seen transposed: 16 rows of a tile lie together in each word, so tiles of 16 × 16 words
-    // are read as words and transposed in registers
-    for (index_t r0 = 0; r0 < 2 * edge; r0 += edge) {
+    for (index_t r0 = 0; r0 < out_rows; r0 += edge) {
       const __mmask16 m = r0 < rows ? vmath512::valid(r0, rows) : __mmask16(0);
       for (index_t p0 = 0; p0 < ld; p0 += edge) {
         __m512i x[16];
@@ -120,12 +122,12 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void stage_a(word* dst, index_t ld, const wo
                                 : _mm512_setzero_si512();
         kernel::transpose_16x16(x);
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) _mm512_store_si512(dst + (r0 + r) * ld + p0, x[r]);
+        for (int r = 0; r < 16; ++r) _mm512_storeu_si512(dst + (r0 + r) * ld + p0, x[r]);
       }
     }
     return;
   }
-  for (index_t r = 0; r < 2 * edge; ++r) {
+  for (index_t r = 0; r < out_rows; ++r) {
     word* d = dst + r * ld;
     if (r >= rows) {
       std::fill(d, d + ld, word(0));
@@ -178,7 +180,7 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void amx_product(index_t m, index_t n, index
     if (s1 > s0 && (!a_in_place || rows < block)) {
       a_ld = std::max<index_t>(1, s1 - s0) * edge;
       word* staged = stage_room(block * a_ld);
-      stage_a(staged, a_ld, a, a_row, a_pair, i, rows, s0 * edge, std::min(words, s1 * edge));
+      rows_of_words(staged, a_ld, block, a, a_row, a_pair, i, rows, s0 * edge, std::min(words, s1 * edge));
       ap = staged;
     }
     // the last row of each row tile, for a causal shape's columns

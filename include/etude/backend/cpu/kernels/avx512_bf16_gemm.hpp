@@ -50,13 +50,16 @@ struct a_words {
   a_words from(index_t i) const { return {a + i * row, row, pair}; }
 };
 
-// Panel j of op(B) (k × n) as pairs × 64 words: B stored (k, n), or (n, k) multiplied transposed.
-inline void pack_panel(word* dst, bool trans_b, const bf16* b, index_t ldb, index_t k, index_t n, index_t j) {
+// Panel j of op(B) (k × n) as `words` × 64 words: B stored (k, n), or (n, k) multiplied
+// transposed; rows past the reduction's pairs (AMX's whole steps) are zeros.
+inline void pack_panel(word* dst, bool trans_b, const bf16* b, index_t ldb, index_t k, index_t n, index_t j,
+                       index_t words) {
   const index_t cols = std::min(panel_columns, n - j);
   if (trans_b)
     pack_columns(dst, panel_columns, b + j * ldb, ldb, cols, k);
   else
     pack_rows(dst, panel_columns, b + j, ldb, k, cols);
+  std::fill(dst + (k + 1) / 2 * panel_columns, dst + words * panel_columns, word(0));
 }
 
 // Rows [i0, i0 + rows) of op(A) paired into dst as (k+1)/2 rows of ld ≥ padded(rows) words.
@@ -68,6 +71,31 @@ inline a_words pair_rows_of_a(word* dst, index_t ld, bool trans_a, const bf16* a
     pack_columns(dst, ld, a + i0 * lda, lda, rows, k);
   return {dst, 1, ld};
 }
+
+#ifdef ETUDE_CPU_X86_KERNELS
+// Rows [i0, i0 + rows) of op(A) as AMX tiles read them in place: padded(rows) rows of `words` words
+// (the pairs of a row together, zeros to the whole step and in rows past `rows`). A stored (k, m)
+// is paired across its rows first, then transposed in blocks of 16 words (amx::rows_of_words).
+inline a_words amx_rows_of_a(word* dst, index_t words, bool trans_a, const bf16* a, index_t lda, index_t k,
+                             index_t i0, index_t rows) {
+  const index_t pairs = (k + 1) / 2;
+  if (trans_a) {
+    thread_local std::vector<word> across;
+    if (across.size() < static_cast<std::size_t>(pairs * padded(rows)))
+      across.resize(static_cast<std::size_t>(pairs * padded(rows)));
+    pack_rows(across.data(), padded(rows), a + i0, lda, k, rows);
+    amx::rows_of_words(dst, words, padded(rows), across.data(), 1, padded(rows), 0, rows, 0, pairs);
+  } else {
+    for (index_t r = 0; r < padded(rows); ++r) {
+      bf16* d = reinterpret_cast<bf16*>(dst + r * words);
+      const index_t have = r < rows ? k : 0;
+      if (have > 0) std::memcpy(d, a + (i0 + r) * lda, static_cast<std::size_t>(k) * sizeof(bf16));
+      std::fill(d + have, d + 2 * words, bf16::from_bits(0));
+    }
+  }
+  return {dst, words, 1};
+}
+#endif
 
 // A buffer of the calling thread's own, at least `words` long (grown, never shrunk).
 inline word* own_words(std::vector<word>& v, index_t words) {
@@ -107,10 +135,23 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   using gemm_detail::a_words;
   if (m <= 0 || n <= 0) return;
   const index_t pairs = (k + 1) / 2;
-  const index_t panel_words = pairs * panel_columns;
+  // On AMX tiles the reduction runs in whole steps of 16 words: the panels and a paired op(A) carry
+  // zeros to the next one (the sums' bits are the same), so every product reads its operands in
+  // place, and rows go in blocks of whole 32-row tile pairs.
+  const bool amx = amx_tiles();
+  const index_t words = amx ? amx_words(pairs) : pairs, row_unit = amx ? 2 * amx_words(1) : tile_rows;
+  const index_t panel_words = words * panel_columns;
   const index_t all_panels = (n + panel_columns - 1) / panel_columns;
-  const bool in_place = !trans_a && k % 2 == 0 && lda % 2 == 0;
+  const bool in_place = !trans_a && k % 2 == 0 && lda % 2 == 0 && words == pairs;
   const a_words direct{reinterpret_cast<const word*>(a), lda / 2, 1};
+  // op(A)'s rows [i0, i0 + rows) paired into dst, which holds a_room(rows) words
+  const auto a_room = [&](index_t rows) { return amx ? padded(rows) * words : pairs * padded(rows); };
+  const auto pair_a = [&](word* dst, index_t i0, index_t rows) {
+#ifdef ETUDE_CPU_X86_KERNELS
+    if (amx) return gemm_detail::amx_rows_of_a(dst, words, trans_a, a, lda, k, i0, rows);
+#endif
+    return gemm_detail::pair_rows_of_a(dst, padded(rows), trans_a, a, lda, k, i0, rows);
+  };
 
   const bool nested = omp_in_parallel() != 0;
   index_t room = static_cast<index_t>(workspace_bytes / sizeof(word));
@@ -123,26 +164,33 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   }
 
   const bool b_fits = all_panels * panel_words <= room;
-  const bool a_fits = in_place || pairs * padded(m) <= room;
+  const bool a_fits = in_place || a_room(m) <= room;
   if (!b_fits && a_fits && m <= n && m * k * index_t{sizeof(bf16)} <= panelwise_a_bytes) {
 #pragma omp parallel if (!nested)
     {
-      const a_words whole = in_place ? direct : a_words{shared, 1, padded(m)};
+      // paired, op(A)'s rows in blocks of block_rows: block i0 at shared + i0 (pairs across the rows,
+      // a row of `padded(m)` words for each pair) or, for AMX, at row i0 of rows of `words` words
+      const a_words whole = in_place ? direct : amx ? a_words{shared, words, 1} : a_words{shared, 1, padded(m)};
       if (!in_place) {
 #pragma omp for schedule(static)
-        for (index_t i0 = 0; i0 < m; i0 += block_rows)
-          gemm_detail::pair_rows_of_a(shared + i0, padded(m), trans_a, a, lda, k, i0, std::min(block_rows, m - i0));
+        for (index_t i0 = 0; i0 < m; i0 += block_rows) {
+          const index_t rows = std::min(block_rows, m - i0);
+          if (amx)
+            pair_a(shared + i0 * words, i0, rows);
+          else
+            gemm_detail::pair_rows_of_a(shared + i0, padded(m), trans_a, a, lda, k, i0, rows);
+        }
       }
       thread_local std::vector<word> mine;
       word* panel = gemm_detail::own_words(mine, panel_words);
 #pragma omp for schedule(static)
       for (index_t p = 0; p < all_panels; ++p) {
         const index_t j = p * panel_columns, cols = std::min(panel_columns, n - j);
-        gemm_detail::pack_panel(panel, trans_b, b, ldb, k, n, j);
+        gemm_detail::pack_panel(panel, trans_b, b, ldb, k, n, j, words);
         for (index_t i0 = 0; i0 < m; i0 += block_rows) {
           const a_words at = whole.from(i0);
           const index_t rows = std::min(block_rows, m - i0);
-          product(rows, cols, pairs, alpha, at.a, at.row, at.pair, panel, panel_columns, beta, c + i0 * ldc + j, ldc);
+          product(rows, cols, words, alpha, at.a, at.row, at.pair, panel, panel_columns, beta, c + i0 * ldc + j, ldc);
           post(c + i0 * ldc + j, ldc, rows, cols);
         }
       }
@@ -151,36 +199,34 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   }
 
   const index_t pass_panels = std::max<index_t>(1, room / std::max<index_t>(1, panel_words));
-  const index_t tiles = (m + tile_rows - 1) / tile_rows;
+  const index_t tiles = (m + row_unit - 1) / row_unit;
 #pragma omp parallel if (!nested)
   {
     const index_t team = omp_get_num_threads();
     // blocks of about block_rows, as many for each thread, in whole tiles of 6 rows (tiny's and
     // small's 2048 rows in 96-row blocks left one thread a third of a block more)
     const index_t per_thread = (tiles + team - 1) / team;
-    const index_t blocks = std::min(tiles, team * ((per_thread * tile_rows + block_rows - 1) / block_rows));
+    const index_t blocks = std::min(tiles, team * ((per_thread * row_unit + block_rows - 1) / block_rows));
     for (index_t p0 = 0; p0 < all_panels; p0 += pass_panels) {
       const index_t panels = std::min(pass_panels, all_panels - p0);
 #pragma omp for schedule(static)
       for (index_t p = 0; p < panels; ++p)
-        gemm_detail::pack_panel(shared + p * panel_words, trans_b, b, ldb, k, n, (p0 + p) * panel_columns);
+        gemm_detail::pack_panel(shared + p * panel_words, trans_b, b, ldb, k, n, (p0 + p) * panel_columns, words);
       // blocks of rows, each cut into as many runs of panels as keep every thread busy
       const index_t runs = std::min(panels, std::max<index_t>(1, (2 * team + blocks - 1) / blocks));
       const index_t per_run = (panels + runs - 1) / runs;
 #pragma omp for schedule(static)
       for (index_t item = 0; item < blocks * runs; ++item) {
         const index_t block = item / runs;
-        const index_t i0 = block * tiles / blocks * tile_rows;
-        const index_t rows = std::min(m, (block + 1) * tiles / blocks * tile_rows) - i0;
+        const index_t i0 = block * tiles / blocks * row_unit;
+        const index_t rows = std::min(m, (block + 1) * tiles / blocks * row_unit) - i0;
         const index_t q0 = item % runs * per_run, q1 = std::min(panels, q0 + per_run);
         if (q0 >= q1 || rows <= 0) continue;
         thread_local std::vector<word> mine;
-        const a_words at = in_place ? direct.from(i0)
-                                    : gemm_detail::pair_rows_of_a(gemm_detail::own_words(mine, pairs * padded(rows)),
-                                                                  padded(rows), trans_a, a, lda, k, i0, rows);
+        const a_words at = in_place ? direct.from(i0) : pair_a(gemm_detail::own_words(mine, a_room(rows)), i0, rows);
         for (index_t q = q0; q < q1; ++q) {
           const index_t j = (p0 + q) * panel_columns, cols = std::min(panel_columns, n - j);
-          product(rows, cols, pairs, alpha, at.a, at.row, at.pair, shared + q * panel_words, panel_columns, beta,
+          product(rows, cols, words, alpha, at.a, at.row, at.pair, shared + q * panel_words, panel_columns, beta,
                   c + i0 * ldc + j, ldc);
         }
         const index_t j0 = (p0 + q0) * panel_columns, j1 = std::min(n, (p0 + q1) * panel_columns);

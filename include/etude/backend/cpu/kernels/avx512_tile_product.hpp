@@ -63,6 +63,9 @@ struct causal {
   }
 };
 
+// A reduction's words rounded up to AMX tiles' whole steps of 16 (amx_tile_product.hpp).
+inline constexpr index_t amx_words(index_t words) { return (words + 15) / 16 * 16; }
+
 inline word join(bf16 lo, bf16 hi) { return static_cast<word>(lo.bits) | (static_cast<word>(hi.bits) << 16); }
 
 #ifdef ETUDE_CPU_X86_KERNELS
