@@ -94,14 +94,24 @@ class tiles {
   tiles& operator=(const tiles&) = delete;
 };
 
-// A buffer of the calling thread's own, at least `words` long, on a 64-byte line.
-inline word* stage_room(index_t words) {
-  thread_local std::vector<word> room;
-  constexpr index_t line = 16;
-  if (room.size() < static_cast<std::size_t>(words + line)) room.resize(static_cast<std::size_t>(words + line));
+// Buffers of the calling thread's own, at least `count` long, on a 64-byte line: staged A, and
+// the sums of a block's columns between chunks of the reduction.
+template <class T, int Which>
+inline T* thread_room(index_t count) {
+  thread_local std::vector<T> room;
+  constexpr index_t line = 64 / sizeof(T);
+  if (room.size() < static_cast<std::size_t>(count + line)) room.resize(static_cast<std::size_t>(count + line));
   const auto at = reinterpret_cast<std::uintptr_t>(room.data());
-  return room.data() + ((64 - at % 64) % 64) / sizeof(word);
+  return room.data() + ((64 - at % 64) % 64) / sizeof(T);
 }
+inline word* stage_room(index_t words) { return thread_room<word, 0>(words); }
+inline float* partial_room(index_t floats) { return thread_room<float, 1>(floats); }
+
+// Steps of the reduction (16 words each) in a chunk (amx_product): a 32-row block of A's chunk is
+// 16 KiB, a 64-column panel's B 32 KiB. On one core of a 2-core AMX Xeon, 64-aligned operands
+// (GFLOP/s of a product called over and over, rows × columns × words): 96 × 64 × 1024 1,590 in chunks of 8,
+// 1,462 of 4, 1,454 unchunked; 192 × 64 × 1024 1,603, 1,345, 1,477; 96 × 64 × 256 1,526, 1,518, 1,307.
+inline constexpr index_t chunk_steps = 8;
 
 // A's words [w0, w1) of rows [i, i + rows) into dst as `out_rows` rows (a multiple of the tile, at
 // least rows) of `ld` words (ld ≥ w1 − w0, a multiple of the tile), zero past w1 − w0 and past rows:
@@ -156,107 +166,161 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void finish(const float* t, index_t rows, __
 
 namespace kernel {
 
-// product() on AMX tiles (above): requires amx_tiles().
+// One block of 32 rows of A: its rows, the steps of the reduction they meet, and where its words
+// are read (in place, or staged).
+struct row_block {
+  index_t i, rows, s0, s1;
+  const word* a;
+  index_t ld;
+};
+
+// product() on AMX tiles (above): requires amx_tiles(). The reduction goes in chunks of
+// chunk_steps; within a chunk every block of rows meets every block of columns, so the chunk's B
+// (16 KiB for 64 columns) stays in L1 across the row blocks and a row block's A (8 KiB) across the
+// column blocks. Sums wait in `partial` between chunks (tile stores and loads are exact: the same
+// bits as one pass).
 template <class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void amx_product(index_t m, index_t n, index_t words, float alpha, const word* a,
                                                      index_t a_row, index_t a_pair, const word* b, index_t ldb,
                                                      float beta, TC* c, index_t ldc, causal shape) {
   using namespace amx;
   constexpr index_t block = 2 * edge, per = 2;  // rows or columns of a block; bf16 in a word
+  constexpr index_t tile_floats = edge * edge, out_stride = edge * index_t(sizeof(float));
   const amx::tiles held;
   alignas(64) word b_last[2 * edge * edge];  // a reduction's partial last tile of B, two columns of tiles
-  alignas(64) float out[edge * edge];
+  alignas(64) float out[tile_floats];
   const index_t whole_steps = words / edge;
-  // a row-major A whose reduction fills whole tiles is read in place, 32 rows at a time
+  const index_t row_blocks = (m + block - 1) / block, column_blocks = (n + block - 1) / block;
+  // A row-major A whose reduction fills whole tiles is read in place; other A is staged, each
+  // block's steps zero-padded to whole tiles
   const bool a_in_place = a_pair == 1 && words % edge == 0;
+  thread_local std::vector<row_block> blocks;
+  blocks.clear();
+  index_t staged_words = 0, first_step = whole_steps + 1, end_step = 0;
   for (index_t i = 0; i < m; i += block) {
     const index_t rows = std::min(block, m - i);
     // the reduction's steps the block's rows meet: the union of theirs, counted from word 0
     const index_t s0 = shape.first_word(i, per) / edge;
     const index_t s1 = std::max(s0, (shape.end_word(i, rows, words, per) + edge - 1) / edge);
-    if (s0 == s1 && beta == 1.0f) continue;  // nothing to add
-    const word* ap = a + i * a_row + s0 * edge;
-    index_t a_ld = a_row;
-    if (s1 > s0 && (!a_in_place || rows < block)) {
-      a_ld = std::max<index_t>(1, s1 - s0) * edge;
-      word* staged = stage_room(block * a_ld);
-      rows_of_words(staged, a_ld, block, a, a_row, a_pair, i, rows, s0 * edge, std::min(words, s1 * edge));
-      ap = staged;
+    const bool staged = s1 > s0 && (!a_in_place || rows < block);
+    blocks.push_back({i, rows, s0, s1, a + i * a_row + s0 * edge, staged ? (s1 - s0) * edge : a_row});
+    if (staged) staged_words += block * (s1 - s0) * edge;
+    first_step = std::min(first_step, s0);
+    end_step = std::max(end_step, s1);
+  }
+  if (staged_words > 0) {
+    word* room = stage_room(staged_words);
+    for (row_block& rb : blocks) {
+      if (rb.s1 == rb.s0 || (a_in_place && rb.rows == block)) continue;
+      rows_of_words(room, rb.ld, block, a, a_row, a_pair, rb.i, rb.rows, rb.s0 * edge, std::min(words, rb.s1 * edge));
+      rb.a = room;
+      room += block * rb.ld;
     }
-    // the last row of each row tile, for a causal shape's columns
-    const index_t last0 = i + std::min(edge, rows) - 1, last1 = i + rows - 1;
-    for (index_t j = 0; j < n; j += block) {
-      const bool two_rows = rows > edge, two_cols = n - j > edge;
-      // the tiles this block writes: all, or those with a column at or before their rows' diagonal
-      const bool cut = shape.what == causal::columns_to_row;
-      const bool t00 = !cut || j <= shape.offset + last0;
-      const bool t01 = two_cols && (!cut || j + edge <= shape.offset + last0);
-      const bool t10 = two_rows && (!cut || j <= shape.offset + last1);
-      const bool t11 = two_rows && two_cols && (!cut || j + edge <= shape.offset + last1);
-      if (!t00 && !t10) break;  // past every row's diagonal, and so is every later block
-      zero_tile<0>();
-      zero_tile<1>();
-      zero_tile<2>();
-      zero_tile<3>();
-      for (index_t s = s0; s < s1; ++s) {
-        const word* as = ap + (s - s0) * edge;
-        load_tile<4>(as, a_ld * index_t(sizeof(word)));
-        if (two_rows) load_tile<5>(as + edge * a_ld, a_ld * index_t(sizeof(word)));
-        if (s < whole_steps) {
-          const word* bs = b + s * edge * ldb + j;
-          load_tile<6>(bs, ldb * index_t(sizeof(word)));
-          if (two_cols) load_tile<7>(bs + edge, ldb * index_t(sizeof(word)));
-        } else {
-          // rows of B past the reduction are not there to read: zeros meet A's zero words
-          const index_t have = words - s * edge, width = two_cols ? block : edge;
-          for (index_t p = 0; p < edge; ++p) {
-            word* d = b_last + p * block;
-            if (p < have)
-              std::memcpy(d, b + (s * edge + p) * ldb + j, static_cast<std::size_t>(width) * sizeof(word));
-            else
-              std::fill(d, d + width, word(0));
-          }
-          load_tile<6>(b_last, block * index_t(sizeof(word)));
-          if (two_cols) load_tile<7>(b_last + edge, block * index_t(sizeof(word)));
-        }
-        if (t00) dot_tiles<0, 4, 6>();
-        if (t01) dot_tiles<1, 4, 7>();
-        if (t10) dot_tiles<2, 5, 6>();
-        if (t11) dot_tiles<3, 5, 7>();
-      }
-      const __mmask16 c0 = vmath512::valid(j, n), c1 = two_cols ? vmath512::valid(j + edge, n) : __mmask16(0);
+  }
+  const bool chunked = end_step - first_step > chunk_steps;
+  float* partial = chunked ? partial_room(row_blocks * column_blocks * 4 * tile_floats) : nullptr;
+  const bool cut = shape.what == causal::columns_to_row;
+  for (index_t k0 = std::min(first_step, end_step);; k0 += chunk_steps) {
+    const index_t k1 = std::min(end_step, k0 + chunk_steps);
+    for (index_t ib = 0; ib < row_blocks; ++ib) {
+      const row_block& rb = blocks[static_cast<std::size_t>(ib)];
+      // the block's steps in this chunk; a block that meets none is written (beta·C) with the first
+      const index_t lo = std::max(k0, rb.s0), hi = std::min(k1, rb.s1);
+      const bool empty = rb.s0 == rb.s1;
+      if (empty ? (k0 != std::min(first_step, end_step) || beta == 1.0f) : lo >= hi) continue;
+      const bool first = empty || lo == rb.s0, last = empty || hi == rb.s1;
+      const index_t i = rb.i, rows = rb.rows, a_ld = rb.ld;
+      // the last row of each row tile, for a causal shape's columns
+      const index_t last0 = i + std::min(edge, rows) - 1, last1 = i + rows - 1;
+      const bool two_rows = rows > edge;
       const index_t r0 = std::min(edge, rows), r1 = rows - r0;
-      TC* cb = c + i * ldc + j;
-      if constexpr (std::is_same_v<TC, float>) {
-        // whole float tiles with nothing to scale or add go straight to C
-        if (alpha == 1.0f && beta == 0.0f && r0 == edge && c0 == __mmask16(0xFFFF) &&
-            (!two_cols || c1 == __mmask16(0xFFFF)) && (!two_rows || r1 == edge)) {
-          const index_t stride = ldc * index_t(sizeof(float));
-          if (t00) store_tile<0>(cb, stride);
-          if (t01) store_tile<1>(cb + edge, stride);
-          if (t10) store_tile<2>(cb + edge * ldc, stride);
-          if (t11) store_tile<3>(cb + edge * ldc + edge, stride);
+      for (index_t jb = 0; jb < column_blocks; ++jb) {
+        const index_t j = jb * block;
+        const bool two_cols = n - j > edge;
+        // the tiles this block writes: all, or those with a column at or before their rows' diagonal
+        const bool t00 = !cut || j <= shape.offset + last0;
+        const bool t01 = two_cols && (!cut || j + edge <= shape.offset + last0);
+        const bool t10 = two_rows && (!cut || j <= shape.offset + last1);
+        const bool t11 = two_rows && two_cols && (!cut || j + edge <= shape.offset + last1);
+        if (!t00 && !t10) break;  // past every row's diagonal, and so is every later block
+        float* sums = partial + (ib * column_blocks + jb) * 4 * tile_floats;
+        if (first) {
+          zero_tile<0>();
+          zero_tile<1>();
+          zero_tile<2>();
+          zero_tile<3>();
+        } else {
+          load_tile<0>(sums, out_stride);
+          load_tile<1>(sums + tile_floats, out_stride);
+          load_tile<2>(sums + 2 * tile_floats, out_stride);
+          load_tile<3>(sums + 3 * tile_floats, out_stride);
+        }
+        for (index_t s = lo; s < hi; ++s) {
+          const word* as = rb.a + (s - rb.s0) * edge;
+          load_tile<4>(as, a_ld * index_t(sizeof(word)));
+          if (two_rows) load_tile<5>(as + edge * a_ld, a_ld * index_t(sizeof(word)));
+          if (s < whole_steps) {
+            const word* bs = b + s * edge * ldb + j;
+            load_tile<6>(bs, ldb * index_t(sizeof(word)));
+            if (two_cols) load_tile<7>(bs + edge, ldb * index_t(sizeof(word)));
+          } else {
+            // rows of B past the reduction are not there to read: zeros meet A's zero words
+            const index_t have = words - s * edge, width = two_cols ? block : edge;
+            for (index_t p = 0; p < edge; ++p) {
+              word* d = b_last + p * block;
+              if (p < have)
+                std::memcpy(d, b + (s * edge + p) * ldb + j, static_cast<std::size_t>(width) * sizeof(word));
+              else
+                std::fill(d, d + width, word(0));
+            }
+            load_tile<6>(b_last, block * index_t(sizeof(word)));
+            if (two_cols) load_tile<7>(b_last + edge, block * index_t(sizeof(word)));
+          }
+          if (t00) dot_tiles<0, 4, 6>();
+          if (t01) dot_tiles<1, 4, 7>();
+          if (t10) dot_tiles<2, 5, 6>();
+          if (t11) dot_tiles<3, 5, 7>();
+        }
+        if (!last) {
+          store_tile<0>(sums, out_stride);
+          store_tile<1>(sums + tile_floats, out_stride);
+          store_tile<2>(sums + 2 * tile_floats, out_stride);
+          store_tile<3>(sums + 3 * tile_floats, out_stride);
           continue;
         }
-      }
-      constexpr index_t out_stride = edge * index_t(sizeof(float));
-      if (t00) {
-        store_tile<0>(out, out_stride);
-        finish(out, r0, c0, alpha, beta, cb, ldc);
-      }
-      if (t01) {
-        store_tile<1>(out, out_stride);
-        finish(out, r0, c1, alpha, beta, cb + edge, ldc);
-      }
-      if (t10) {
-        store_tile<2>(out, out_stride);
-        finish(out, r1, c0, alpha, beta, cb + edge * ldc, ldc);
-      }
-      if (t11) {
-        store_tile<3>(out, out_stride);
-        finish(out, r1, c1, alpha, beta, cb + edge * ldc + edge, ldc);
+        const __mmask16 c0 = vmath512::valid(j, n), c1 = two_cols ? vmath512::valid(j + edge, n) : __mmask16(0);
+        TC* cb = c + i * ldc + j;
+        if constexpr (std::is_same_v<TC, float>) {
+          // whole float tiles with nothing to scale or add go straight to C
+          if (alpha == 1.0f && beta == 0.0f && r0 == edge && c0 == __mmask16(0xFFFF) &&
+              (!two_cols || c1 == __mmask16(0xFFFF)) && (!two_rows || r1 == edge)) {
+            const index_t stride = ldc * index_t(sizeof(float));
+            if (t00) store_tile<0>(cb, stride);
+            if (t01) store_tile<1>(cb + edge, stride);
+            if (t10) store_tile<2>(cb + edge * ldc, stride);
+            if (t11) store_tile<3>(cb + edge * ldc + edge, stride);
+            continue;
+          }
+        }
+        if (t00) {
+          store_tile<0>(out, out_stride);
+          finish(out, r0, c0, alpha, beta, cb, ldc);
+        }
+        if (t01) {
+          store_tile<1>(out, out_stride);
+          finish(out, r0, c1, alpha, beta, cb + edge, ldc);
+        }
+        if (t10) {
+          store_tile<2>(out, out_stride);
+          finish(out, r1, c0, alpha, beta, cb + edge * ldc, ldc);
+        }
+        if (t11) {
+          store_tile<3>(out, out_stride);
+          finish(out, r1, c1, alpha, beta, cb + edge * ldc + edge, ldc);
+        }
       }
     }
+    if (k1 >= end_step) break;
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -97,10 +98,15 @@ inline a_words amx_rows_of_a(word* dst, index_t words, bool trans_a, const bf16*
 }
 #endif
 
-// A buffer of the calling thread's own, at least `words` long (grown, never shrunk).
+// A buffer of the calling thread's own, at least `words` long (grown, never shrunk), on a 64-byte
+// line: AMX tiles load a row misaligned at a third of their speed (tdpbf16ps on 2 × 2 tiles of
+// operands a line apart against 16 bytes apart: 2.9 against 1.0 TFLOP/s on one core of a 2-core
+// AMX Xeon).
 inline word* own_words(std::vector<word>& v, index_t words) {
-  if (v.size() < static_cast<std::size_t>(words)) v.resize(static_cast<std::size_t>(words));
-  return v.data();
+  constexpr index_t line = 64 / sizeof(word);
+  if (v.size() < static_cast<std::size_t>(words + line)) v.resize(static_cast<std::size_t>(words + line));
+  const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+  return v.data() + (64 - at % 64) % 64 / sizeof(word);
 }
 
 }  // namespace gemm_detail
