@@ -39,25 +39,25 @@ CEILINGS = [
     ("bf16_gemm", "bf16 gemm in use"),
 ]
 # the ceilings each precision's results are a fraction of; "bf16_peak" is the peak of the bf16
-# instructions the row's products ran on (relevant_ceilings)
+# instructions the row's products ran on (relevant_ceilings, which also drops the FMA peak on AMX)
 RELEVANT = {"fp32": ["fma_peak", "fp32_gemm"], "bf16": ["bf16_peak", "bf16_gemm", "fma_peak"]}
 SHORT = {"fma_peak": "FMA peak", "fp32_gemm": "fp32 gemm", "bf16_dot_peak": "bf16 dot peak",
          "amx_bf16_peak": "AMX tile peak", "bf16_gemm": "bf16 gemm"}
 
 
-def relevant_ceilings(precision, rows):
-    """The ceilings a contender's rows are a fraction of: for bf16, the AMX tile peak where its products
-    (bf16_products, attention_products in etude's rows) say they ran on AMX, else the dot-product peak;
-    a peer that names no path (PyTorch) is measured against the AMX peak where the CPU has one."""
-    names = []
-    for c in RELEVANT[precision]:
-        if c != "bf16_peak":
-            names.append(c)
-            continue
-        paths = " ".join(str(r.get("bf16_products", "")) + " " + str(r.get("attention_products", "")) for r in rows)
-        named = any(r.get("bf16_products") or r.get("attention_products") for r in rows)
-        names.append("amx_bf16_peak" if ("amx" in paths.lower() or not named) else "bf16_dot_peak")
-    return names
+def relevant_ceilings(precision, rows, ceiling):
+    """The ceilings a contender's rows are a fraction of. For bf16 on a CPU with AMX (its tile peak
+    measured) the tile peak and the bf16 gemm, where the row's products (bf16_products and
+    attention_products in etude's rows) say they ran on AMX or name no path (PyTorch, whose
+    autocast multiplies on oneDNN's AMX kernels there); otherwise the dot-product peak, the bf16
+    gemm and the FMA peak (bf16 work the dot products do not take runs on FMA)."""
+    if precision != "bf16":
+        return RELEVANT[precision]
+    paths = " ".join(str(r.get("bf16_products", "")) + " " + str(r.get("attention_products", "")) for r in rows)
+    named = any(r.get("bf16_products") or r.get("attention_products") for r in rows)
+    if "amx_bf16_peak" in ceiling and ("amx" in paths.lower() or not named):
+        return ["amx_bf16_peak", "bf16_gemm"]
+    return ["bf16_dot_peak" if c == "bf16_peak" else c for c in RELEVANT[precision]]
 RATIOS = [
     ("etude fp32", "torch 1.13 fp32"),
     ("etude fp32", "torch 2 compiled fp32"),
@@ -242,9 +242,7 @@ def main():
             ms = [r["ms_per_step"] for r in rs]
             gf = [r["gflops"] for r in rs]
             fractions = []
-            for c in relevant_ceilings(precision, rs):
-                if c == "amx_bf16_peak" and c not in ceiling:
-                    c = "bf16_dot_peak"  # no AMX here: the dot-product peak is the bf16 ceiling
+            for c in relevant_ceilings(precision, rs, ceiling):
                 if c in ceiling:
                     fractions.append(f"{statistics.median(gf) / ceiling[c]:.0%} of {SHORT[c]}")
                 elif ceiling_rows.get(c) and all(r.get("gflops") is None for r in ceiling_rows[c]):
