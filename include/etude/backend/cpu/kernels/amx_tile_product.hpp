@@ -243,7 +243,7 @@ ETUDE_CPU_AVX512_BF16_TARGET inline void amx_product(index_t m, index_t n, index
         const bool t10 = two_rows && (!cut || j <= shape.offset + last1);
         const bool t11 = two_rows && two_cols && (!cut || j + edge <= shape.offset + last1);
         if (!t00 && !t10) break;  // past every row's diagonal, and so is every later block
-        float* sums = partial + (ib * column_blocks + jb) * 4 * tile_floats;
+        float* sums = chunked ? partial + (ib * column_blocks + jb) * 4 * tile_floats : nullptr;
         if (first) {
           zero_tile<0>();
           zero_tile<1>();
