@@ -89,9 +89,6 @@ struct cpu_attention : cpu_detail::attention_blocks {
     return on;
   }
 
-  // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
-  // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
-  // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
   // The bf16 heads' path: AMX tiles, the dot-product instructions (and why not AMX, where the CPU
   // has it), or widened.
   static std::string bf16_products_named() {
@@ -109,6 +106,9 @@ struct cpu_attention : cpu_detail::attention_blocks {
     }
     return dots;
   }
+  // Whether bf16 heads take the dot path: bf16 products on the CPU's dot-product instructions in
+  // this process (cpu_gemm::bf16_dot_products(), which ETUDE_BF16_GEMM=widen turns off), etude's
+  // own kernels for them (AVX512_BF16), and an even head dimension (pairs of it).
   static bool bf16_dots() { return cpu_gemm::bf16_dot_products() && cpu_detail::tile_product::available(); }
   static bool dot_products(index_t head_dim) { return head_dim % 2 == 0 && bf16_dots(); }
 

@@ -6,9 +6,10 @@
 // A tile is 16 rows of 16 words (64 bytes); B's pair layout is the tile's own (a row of B is a word
 // of the reduction, 16 columns across), so B is read in place, and so is a row-major A whose
 // reduction fills whole tiles. Other A (seen transposed, or a reduction that ends inside a tile) is
-// staged, zero-padded, in a thread's own buffer once per 32 rows; a reduction's last partial tile
-// of B is staged with zero rows. C is built in blocks of 2 × 2 tiles (32 × 32 outputs; tiles 0–3
-// accumulate, 4–5 hold A, 6–7 B) over the reduction in steps of 16 words counted from word 0, so
+// staged, zero-padded, in a thread's own buffer once per call; a reduction's last partial tile of B
+// is staged with zero rows. C is built in blocks of 2 × 2 tiles (32 × 32 outputs; tiles 0–3
+// accumulate, 4–5 hold A, 6–7 B) over the reduction in steps of 16 words counted from word 0 (in
+// chunks of steps, amx_product below), so
 // each output's sum is grouped by the reduction alone: the same bits whatever the rows, columns or
 // strides of a call, and the same bits when a causal shape leaves out steps of zeros. The sums are
 // not vdpbf16ps's bits (the instruction groups 16 pairs a step, and flushes subnormal inputs and
@@ -176,7 +177,7 @@ struct row_block {
 
 // product() on AMX tiles (above): requires amx_tiles(). The reduction goes in chunks of
 // chunk_steps; within a chunk every block of rows meets every block of columns, so the chunk's B
-// (16 KiB for 64 columns) stays in L1 across the row blocks and a row block's A (8 KiB) across the
+// (32 KiB for 64 columns) stays near across the row blocks and a row block's A (16 KiB) across the
 // column blocks. Sums wait in `partial` between chunks (tile stores and loads are exact: the same
 // bits as one pass).
 template <class TC>

@@ -209,8 +209,8 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
 #pragma omp parallel if (!nested)
   {
     const index_t team = omp_get_num_threads();
-    // blocks of about block_rows, as many for each thread, in whole tiles of 6 rows (tiny's and
-    // small's 2048 rows in 96-row blocks left one thread a third of a block more)
+    // blocks of about block_rows, as many for each thread, in whole tiles of 6 rows, or of 32 on AMX
+    // (tiny's and small's 2048 rows in 96-row blocks left one thread a third of a block more)
     const index_t per_thread = (tiles + team - 1) / team;
     const index_t blocks = std::min(tiles, team * ((per_thread * row_unit + block_rows - 1) / block_rows));
     for (index_t p0 = 0; p0 < all_panels; p0 += pass_panels) {

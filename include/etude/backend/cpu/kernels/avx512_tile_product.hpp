@@ -342,6 +342,8 @@ void amx_product(index_t m, index_t n, index_t words, float alpha, const word* a
 // on the calling thread; a bf16 C is rounded once, from float. beta = 0 never reads C. The words
 // are bf16 pairs, or floats (A and B in float, each output one chain of fused multiply-adds in the
 // reduction's order). `shape` says what a causal operand leaves out (above). Requires available().
+// Where amx_tiles(), word products run on AMX tiles instead (amx_tile_product.hpp: the same
+// contract, tdpbf16ps's bits).
 template <class W, class TC>
 ETUDE_CPU_AVX512_BF16_TARGET inline void product(index_t m, index_t n, index_t words, float alpha, const W* a,
                                                  index_t a_row, index_t a_pair, const W* b, index_t ldb, float beta,
