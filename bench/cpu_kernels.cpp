@@ -25,8 +25,10 @@
 #include "etude/backend/cpu/cpu.hpp"
 #include "etude/backend/cpu/kernels/avx512_bf16_gemm.hpp"
 #include "etude/backend/cpu/kernels/avx512_gelu_lookup.hpp"
+#include "etude/backend/cpu/kernels/amx_tile_product.hpp"
 #include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/kernels/isa.hpp"
+#include "etude/core/buffer.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -70,6 +72,7 @@ std::string features() {
   add(__builtin_cpu_supports("avx512vl"), "avx512vl");
   add(__builtin_cpu_supports("avx512dq"), "avx512dq");
   add(__builtin_cpu_supports("avx512bf16"), "avx512bf16");
+  add(cd::isa::amx_bf16_state() != cd::isa::amx_state::absent, "amx_bf16");
 #ifdef ETUDE_WITH_DNNL
   s += "; oneDNN linked";
 #else
@@ -92,6 +95,17 @@ std::vector<T> random_values(index_t n, unsigned seed, float scale = 1.0f) {
 
 std::string needs_avx512() { return cd::isa::avx512() ? "" : "this CPU lacks avx512f/avx512bw/avx512vl"; }
 std::string needs_avx512_bf16() { return cd::isa::avx512_bf16() ? "" : "this CPU lacks avx512_bf16"; }
+std::string needs_amx() {
+  switch (cd::isa::amx_bf16_state()) {
+    case cd::isa::amx_state::granted:
+      return "";
+    case cd::isa::amx_state::refused:
+      return "the kernel refused AMX tile state (arch_prctl)";
+    case cd::isa::amx_state::absent:
+      break;
+  }
+  return "this CPU lacks amx_bf16";
+}
 std::string needs_dnnl(bool bf16_operands) {
 #ifdef ETUDE_CPU_GEMM_DNNL
   const auto o = bf16_operands ? cd::dnnl_operands::bf16 : cd::dnnl_operands::f32;
@@ -103,15 +117,22 @@ std::string needs_dnnl(bool bf16_operands) {
 #endif
 }
 
-// The products' buffers, kept alive by the call's closure.
+// The products' buffers, kept alive by the call's closure: 64-byte aligned (etude::buffer), as a
+// trainer's tensors are (AMX tiles load misaligned rows at a third of the speed).
+template <class T>
+etude::buffer<T> aligned_copy(const std::vector<T>& v) {
+  etude::buffer<T> b(static_cast<index_t>(v.size()));
+  std::copy(v.begin(), v.end(), b.data());
+  return b;
+}
 template <class T, class C>
 struct operands {
-  std::vector<T> a, b;
-  std::vector<C> c;
-  std::vector<float> ws;
+  etude::buffer<T> a, b;
+  etude::buffer<C> c;
+  etude::buffer<float> ws;
   explicit operands(const shape& s)
-      : a(random_values<T>(s.m * s.k, 1)), b(random_values<T>(s.k * s.n, 2)), c(static_cast<std::size_t>(s.m * s.n)),
-        ws(static_cast<std::size_t>(cpu_gemm::gemm_workspace_floats)) {}
+      : a(aligned_copy(random_values<T>(s.m * s.k, 1))), b(aligned_copy(random_values<T>(s.k * s.n, 2))),
+        c(s.m * s.n), ws(cpu_gemm::gemm_workspace_floats) {}
 };
 
 work product_work(const shape& s) { return {2.0 * double(s.m) * double(s.n) * double(s.k), 0, 0}; }
@@ -157,16 +178,23 @@ std::vector<kernel> kernels() {
                     };
                     return product_work(s);
                   }});
-  list.push_back(
-      {"gemm_bf16_avx512", "C = A·B of bf16 into bf16 on etude's AVX512_BF16 tiles (kernels/avx512_bf16_gemm.hpp)",
-       needs_avx512_bf16, [](const shape& s, std::function<void()>& call) {
-         auto o = std::make_shared<operands<bf16, bf16>>(s);
-         call = [o, s] {
-           cd::tile_product::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s),
-                                  0.0f, o->c.data(), s.n, o->ws.data(), o->ws.size() * sizeof(float));
-         };
-         return product_work(s);
-       }});
+  // etude's own bf16 products on vdpbf16ps (AMX turned off, where the CPU has it) or on AMX tiles
+  const auto own_gemm = [](bool amx) {
+    return [amx](const shape& s, std::function<void()>& call) {
+      cd::tile_product::set_amx_tiles(amx);
+      auto o = std::make_shared<operands<bf16, bf16>>(s);
+      call = [o, s] {
+        cd::tile_product::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, o->a.data(), lda(s), o->b.data(), ldb(s),
+                               0.0f, o->c.data(), s.n, o->ws.data(), static_cast<std::size_t>(o->ws.size()) * sizeof(float));
+      };
+      return product_work(s);
+    };
+  };
+  list.push_back({"gemm_bf16_avx512",
+                  "C = A·B of bf16 into bf16 on etude's AVX512_BF16 tiles (kernels/avx512_bf16_gemm.hpp, vdpbf16ps)",
+                  needs_avx512_bf16, own_gemm(false)});
+  list.push_back({"gemm_bf16_amx", "C = A·B of bf16 into bf16 on etude's kernels on AMX tiles (kernels/amx_tile_product.hpp)",
+                  needs_amx, own_gemm(true)});
   list.push_back({"gemm_bf16_onednn", "C = A·B of bf16 into bf16 on oneDNN's bf16 matmul (kernels/dnnl_gemm.hpp)",
                   [] { return needs_dnnl(true); },
                   [](const shape& s, std::function<void()>& call) {
@@ -206,23 +234,30 @@ std::vector<kernel> kernels() {
                     };
                     return work{2.0 * double(s.rows) * double(s.keys) * double(s.head_dim), 0};
                   }});
+  const auto bf16_scores = [](bool amx) {
+    return [amx](const shape& s, std::function<void()>& call) {
+      cd::tile_product::set_amx_tiles(amx);
+      const index_t ldt = cd::tile_product::padded(s.keys);
+      auto q = std::make_shared<std::vector<bf16>>(random_values<bf16>(s.rows * s.head_dim, 3));
+      auto kt = std::make_shared<std::vector<cd::tile_product::word>>(static_cast<std::size_t>(s.head_dim / 2 * ldt));
+      auto k = random_values<bf16>(s.keys * s.head_dim, 4);
+      cd::tile_product::pack_columns(kt->data(), ldt, k.data(), s.head_dim, s.keys, s.head_dim);
+      auto p = std::make_shared<std::vector<float>>(static_cast<std::size_t>(s.rows * ldt));
+      call = [=] {
+        cd::tile_product::product(s.rows, s.keys, s.head_dim / 2, 0.125f,
+                                  reinterpret_cast<const cd::tile_product::word*>(q->data()), s.head_dim / 2, 1,
+                                  kt->data(), ldt, 0.0f, p->data(), ldt);
+      };
+      return work{2.0 * double(s.rows) * double(s.keys) * double(s.head_dim), 0};
+    };
+  };
   list.push_back({"head_scores_bf16_avx512",
-                  "attention's bf16 scores of one block on etude's AVX512_BF16 tiles (K paired once), one thread",
-                  needs_avx512_bf16, [](const shape& s, std::function<void()>& call) {
-                    const index_t ldt = cd::tile_product::padded(s.keys);
-                    auto q = std::make_shared<std::vector<bf16>>(random_values<bf16>(s.rows * s.head_dim, 3));
-                    auto kt = std::make_shared<std::vector<cd::tile_product::word>>(
-                        static_cast<std::size_t>(s.head_dim / 2 * ldt));
-                    auto k = random_values<bf16>(s.keys * s.head_dim, 4);
-                    cd::tile_product::pack_columns(kt->data(), ldt, k.data(), s.head_dim, s.keys, s.head_dim);
-                    auto p = std::make_shared<std::vector<float>>(static_cast<std::size_t>(s.rows * ldt));
-                    call = [=] {
-                      cd::tile_product::product(s.rows, s.keys, s.head_dim / 2, 0.125f,
-                                                reinterpret_cast<const cd::tile_product::word*>(q->data()),
-                                                s.head_dim / 2, 1, kt->data(), ldt, 0.0f, p->data(), ldt);
-                    };
-                    return work{2.0 * double(s.rows) * double(s.keys) * double(s.head_dim), 0};
-                  }});
+                  "attention's bf16 scores of one block on etude's AVX512_BF16 tiles (K paired once, vdpbf16ps), one "
+                  "thread",
+                  needs_avx512_bf16, bf16_scores(false)});
+  list.push_back({"head_scores_bf16_amx",
+                  "attention's bf16 scores of one block on etude's kernels on AMX tiles (K paired once), one thread",
+                  needs_amx, bf16_scores(true)});
   // the forward's softmax rows: --rows rows of --keys scores, each read and written once
   // (rounded: the probabilities rounded into bf16 rows, as the bf16 dot path takes them)
   const auto score_rows = [](bool fast, bool rounded) {

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include <etude/backend/cpu/kernels/avx512_tile_product.hpp>
 #include <etude/backend/cpu/kernels/isa.hpp>
+#include <etude/core/buffer.hpp>
 
 #include "timing.hpp"
 
@@ -79,29 +81,33 @@ __attribute__((target("avx512f,avx512bf16"))) inline void dpbf16_512(long iters)
 
 // tdpbf16ps: a 16 × 16 float tile += a 16 × 32 bf16 tile times a 32 × 16 one (16,384 FLOPs). Four
 // accumulator tiles over two A and two B tiles loaded once (bf16 ones and ~1e-6), the 2 × 2 block
-// the product kernels use (amx_tile_product.hpp), with no memory in the loop. Each thread loads
-// the configuration itself: tile state is per thread.
+// the product kernels use, with no memory in the loop; etude's own tile configuration and
+// instructions (kernels/amx_tile_product.hpp), which each thread loads for itself.
+#ifdef ETUDE_CPU_X86_KERNELS
 inline void amx_bf16_tiles(long iters) {
-  struct alignas(64) config {
-    unsigned char palette = 1, start_row = 0, reserved[14] = {};
-    unsigned short bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-    unsigned char rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-  };
-  static const config cfg{};
-  alignas(64) static const std::vector<unsigned short> ones(16 * 32, 0x3f80), small(16 * 32, 0x3586);
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-  __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
-  __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5" ::"r"(ones.data()), "r"(64L) : "memory");
-  __asm__ volatile("tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7" ::"r"(small.data()), "r"(64L) : "memory");
-  for (long i = 0; i < iters; ++i)
-    __asm__ volatile(
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::);
-  alignas(64) float out[16 * 16];
-  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(out), "r"(64L) : "memory");
-  __asm__ volatile("tilerelease" ::);
-  sink = out[0];
+  namespace amx = etude::backend::cpu_detail::tile_product::amx;
+  const amx::tiles held;
+  etude::buffer<unsigned short> ones(16 * 32), small(16 * 32);
+  for (etude::index_t i = 0; i < ones.size(); ++i) ones.data()[i] = 0x3f80, small.data()[i] = 0x3586;
+  amx::zero_tile<0>();
+  amx::zero_tile<1>();
+  amx::zero_tile<2>();
+  amx::zero_tile<3>();
+  amx::load_tile<4>(ones.data(), 64);
+  amx::load_tile<5>(ones.data(), 64);
+  amx::load_tile<6>(small.data(), 64);
+  amx::load_tile<7>(small.data(), 64);
+  for (long i = 0; i < iters; ++i) {
+    amx::dot_tiles<0, 4, 6>();
+    amx::dot_tiles<1, 4, 7>();
+    amx::dot_tiles<2, 5, 6>();
+    amx::dot_tiles<3, 5, 7>();
+  }
+  etude::buffer<float> out(16 * 16);
+  amx::store_tile<0>(out.data(), 64);
+  sink = out.data()[0];
 }
+#endif
 
 // FLOPs of one iteration of kernel k, summed over every thread; median over reps, each about
 // `seconds` long (the iteration count is calibrated on a first run).
@@ -174,9 +180,11 @@ inline peak amx_bf16_peak() {
     case isa::amx_state::granted:
       break;
   }
+#ifdef ETUDE_CPU_X86_KERNELS
   p.available = true;
   p.gflops = d::rate(d::amx_bf16_tiles, 4.0 * 16 * 16 * 32 * 2);
   p.isa = "amx_bf16 (tdpbf16ps, 2 x 2 tiles)";
+#endif
   return p;
 }
 

@@ -29,6 +29,7 @@
 
 #include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/kernels/isa.hpp"
+#include "etude/core/buffer.hpp"
 
 namespace etude::backend::cpu_detail::tile_product {
 
@@ -95,15 +96,13 @@ class tiles {
   tiles& operator=(const tiles&) = delete;
 };
 
-// Buffers of the calling thread's own, at least `count` long, on a 64-byte line: staged A, and
-// the sums of a block's columns between chunks of the reduction.
+// Buffers of the calling thread's own, at least `count` long (grown, never shrunk), on a 64-byte
+// line (etude::buffer): staged A, and the sums of a block's columns between chunks of the reduction.
 template <class T, int Which>
 inline T* thread_room(index_t count) {
-  thread_local std::vector<T> room;
-  constexpr index_t line = 64 / sizeof(T);
-  if (room.size() < static_cast<std::size_t>(count + line)) room.resize(static_cast<std::size_t>(count + line));
-  const auto at = reinterpret_cast<std::uintptr_t>(room.data());
-  return room.data() + ((64 - at % 64) % 64) / sizeof(T);
+  thread_local buffer<T> room;
+  if (room.size() < count) room.resize(count);
+  return room.data();
 }
 inline word* stage_room(index_t words) { return thread_room<word, 0>(words); }
 inline float* partial_room(index_t floats) { return thread_room<float, 1>(floats); }

@@ -21,12 +21,11 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "etude/backend/cpu/kernels/avx512_tile_product.hpp"
 #include "etude/backend/cpu/tuning.hpp"
+#include "etude/core/buffer.hpp"
 #include "etude/core/dtype.hpp"
 #include "etude/core/types.hpp"
 
@@ -73,6 +72,16 @@ inline a_words pair_rows_of_a(word* dst, index_t ld, bool trans_a, const bf16* a
   return {dst, 1, ld};
 }
 
+
+// A buffer of the calling thread's own, at least `words` long (grown, never shrunk), on a 64-byte
+// line (etude::buffer): AMX tiles load a row misaligned at a third of their speed (tdpbf16ps on
+// 2 × 2 tiles of operands a line apart against 16 bytes apart: 2.9 against 1.0 TFLOP/s on one core
+// of a 2-core AMX Xeon).
+inline word* own_words(buffer<word>& v, index_t words) {
+  if (v.size() < words) v.resize(words);
+  return v.data();
+}
+
 #ifdef ETUDE_CPU_X86_KERNELS
 // Rows [i0, i0 + rows) of op(A) as AMX tiles read them in place: padded(rows) rows of `words` words
 // (the pairs of a row together, zeros to the whole step and in rows past `rows`). A stored (k, m)
@@ -81,11 +90,10 @@ inline a_words amx_rows_of_a(word* dst, index_t words, bool trans_a, const bf16*
                              index_t i0, index_t rows) {
   const index_t pairs = (k + 1) / 2;
   if (trans_a) {
-    thread_local std::vector<word> across;
-    if (across.size() < static_cast<std::size_t>(pairs * padded(rows)))
-      across.resize(static_cast<std::size_t>(pairs * padded(rows)));
-    pack_rows(across.data(), padded(rows), a + i0, lda, k, rows);
-    amx::rows_of_words(dst, words, padded(rows), across.data(), 1, padded(rows), 0, rows, 0, pairs);
+    thread_local buffer<word> across;
+    word* paired = own_words(across, pairs * padded(rows));
+    pack_rows(paired, padded(rows), a + i0, lda, k, rows);
+    amx::rows_of_words(dst, words, padded(rows), paired, 1, padded(rows), 0, rows, 0, pairs);
   } else {
     for (index_t r = 0; r < padded(rows); ++r) {
       bf16* d = reinterpret_cast<bf16*>(dst + r * words);
@@ -97,17 +105,6 @@ inline a_words amx_rows_of_a(word* dst, index_t words, bool trans_a, const bf16*
   return {dst, words, 1};
 }
 #endif
-
-// A buffer of the calling thread's own, at least `words` long (grown, never shrunk), on a 64-byte
-// line: AMX tiles load a row misaligned at a third of their speed (tdpbf16ps on 2 × 2 tiles of
-// operands a line apart against 16 bytes apart: 2.9 against 1.0 TFLOP/s on one core of a 2-core
-// AMX Xeon).
-inline word* own_words(std::vector<word>& v, index_t words) {
-  constexpr index_t line = 64 / sizeof(word);
-  if (v.size() < static_cast<std::size_t>(words + line)) v.resize(static_cast<std::size_t>(words + line));
-  const auto at = reinterpret_cast<std::uintptr_t>(v.data());
-  return v.data() + (64 - at % 64) % 64 / sizeof(word);
-}
 
 }  // namespace gemm_detail
 
@@ -164,7 +161,7 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
   word* shared = static_cast<word*>(workspace);
   if (workspace == nullptr || nested || room < panel_words) {
     // no room of the caller's (or one other threads of the region may be using): the thread's own
-    thread_local std::vector<word> callers;
+    thread_local buffer<word> callers;
     room = workspace == nullptr || nested ? all_panels * panel_words : panel_words;
     shared = gemm_detail::own_words(callers, room);
   }
@@ -187,7 +184,7 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
             gemm_detail::pair_rows_of_a(shared + i0, padded(m), trans_a, a, lda, k, i0, rows);
         }
       }
-      thread_local std::vector<word> mine;
+      thread_local buffer<word> mine;
       word* panel = gemm_detail::own_words(mine, panel_words);
 #pragma omp for schedule(static)
       for (index_t p = 0; p < all_panels; ++p) {
@@ -228,7 +225,7 @@ void gemm(bool trans_a, bool trans_b, index_t m, index_t n, index_t k, float alp
         const index_t rows = std::min(m, (block + 1) * tiles / blocks * row_unit) - i0;
         const index_t q0 = item % runs * per_run, q1 = std::min(panels, q0 + per_run);
         if (q0 >= q1 || rows <= 0) continue;
-        thread_local std::vector<word> mine;
+        thread_local buffer<word> mine;
         const a_words at = in_place ? direct.from(i0) : pair_a(gemm_detail::own_words(mine, a_room(rows)), i0, rows);
         for (index_t q = q0; q < q1; ++q) {
           const index_t j = (p0 + q) * panel_columns, cols = std::min(panel_columns, n - j);
