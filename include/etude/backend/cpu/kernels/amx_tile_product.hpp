@@ -109,7 +109,8 @@ inline float* partial_room(index_t floats) { return thread_room<float, 1>(floats
 
 // Steps of the reduction (16 words each) in a chunk (amx_product): a 32-row block of A's chunk is
 // 16 KiB, a 64-column panel's B 32 KiB. On one core of a 2-core AMX Xeon, 64-aligned operands
-// (GFLOP/s of a product called over and over, rows × columns × words): 96 × 64 × 1024 1,590 in chunks of 8,
+// (GFLOP/s of product() called over and over by a scratch driver, not kept; rows × columns × words;
+// `build/bench/cpu_kernels --kernel gemm_bf16_amx` times whole products): 96 × 64 × 1024 1,590 in chunks of 8,
 // 1,462 of 4, 1,454 unchunked; 192 × 64 × 1024 1,603, 1,345, 1,477; 96 × 64 × 256 1,526, 1,518, 1,307.
 inline constexpr index_t chunk_steps = 8;
 
