@@ -5,7 +5,8 @@
 // and on bf16 operands: oneDNN where it is linked and fast here, else OpenBLAS or widened sgemm).
 // Prints one JSON line per measurement, with the CPU time other processes took during its timed
 // window (cpu_load.hpp), which bench/run.sh uses to mark contended figures, and, for a step, the
-// minor page faults per timed step (a steady step should take none).
+// minor page faults per timed step (a steady step should take none) and the bytes a step moves
+// (the tensors its ops write, from one observed step, and its passes over the parameters).
 // `cond` times the tiny step with a 64-position text embedding (width 384) fused by cross-attention
 // against the same model without conditions, steps of the two interleaved so that load on a shared
 // machine falls on both alike, and prints the measured extra time beside the extra FLOPs.
@@ -77,15 +78,29 @@ long minor_faults() {
   return u.ru_minflt;
 }
 
+// Bytes of one element of a tensor as stored.
+double stored_bytes(etude::stored_type t) {
+  switch (t) {
+    case etude::stored_type::f64: return 8.0;
+    case etude::stored_type::bf16:
+    case etude::stored_type::f16: return 2.0;
+    default: return 4.0;
+  }
+}
+
 // Sums each op kind's time (forward, recomputation and backward of an op together) over the steps
-// it watches; timing only, so the step runs as it does unobserved.
+// it watches, and the bytes of the tensors the model's ops wrote (activations, their gradients and
+// the parameters' gradients); timing only, so the step runs as it does unobserved.
 class op_profile final : public etude::step_observer {
  public:
   bool reads_values() const override { return false; }
   void op(const etude::observed_op& op) override {
     seconds_[std::string(op.site.op) + (op.site.phase == etude::pass_phase::backward ? " (bwd)" : "")] += op.seconds;
     total_ += op.seconds;
+    for (const etude::host_tensor& t : op.wrote)
+      written_ += static_cast<double>(t.seen->size()) * stored_bytes(t.seen->type);
   }
+  double written() const { return written_; }
   std::string json() const {
     std::vector<std::pair<double, std::string>> order;
     for (const auto& [name, sec] : seconds_) order.emplace_back(sec, name);
@@ -102,8 +117,23 @@ class op_profile final : public etude::step_observer {
 
  private:
   std::map<std::string, double> seconds_;
-  double total_ = 0.0;
+  double total_ = 0.0, written_ = 0.0;
 };
+
+// The bytes a step's passes over the parameters move, counted from the trainer's buffers: the
+// gradients read by the norm and cleared (written) once, at the step's end (its start skips the
+// clear after a step that cleared them), and the optimiser's update reading the weights it updates,
+// the gradients and its state and writing the weights, the state and any working copy.
+template <class Trainer>
+double parameter_pass_bytes(Trainer& tr) {
+  const auto size_of = [](auto span) { return static_cast<double>(span.size_bytes()); };
+  const double grads = size_of(tr.gradients()), weights = size_of(tr.parameters());
+  double state = 0.0;
+  for (int i = 0; i < Trainer::optimizer_state_count; ++i) state += size_of(tr.optimizer_state(i));
+  double working = 0.0;
+  if constexpr (Trainer::policy::has_master) working = size_of(tr.working_parameters());
+  return 2 * grads + (2 * weights + grads + 2 * state + working);
+}
 
 template <etude::shape Shape, class Precision>
 void bench_step(const char* name, etude::index_t batch, etude::index_t frames, int steps) {
@@ -131,12 +161,17 @@ void bench_step(const char* name, etude::index_t batch, etude::index_t frames, i
   const double sec = median(times);
   const double sequence = static_cast<double>(lm::pattern::steps(Shape.codebooks, frames));
   const double flops = lm::train_flops(static_cast<double>(batch) * sequence, sequence);
-  std::string shares;
-  if (profile_steps) {
-    op_profile prof;
-    for (int s = 0; s < 2; ++s) tr.step(b, prof);
-    shares = ", \"op_shares\": " + prof.json();
-  }
+  // one step observed for the bytes its ops write (and, profiling, a second for the op shares)
+  op_profile prof;
+  for (int s = 0; s < (profile_steps ? 2 : 1); ++s) tr.step(b, prof);
+  const double written = prof.written() / (profile_steps ? 2 : 1);
+  const double passes = parameter_pass_bytes(tr);
+  char bytes[256];
+  std::snprintf(bytes, sizeof bytes,
+                ", \"mb_per_step\": {\"written_by_ops\": %.1f, \"parameter_passes\": %.1f}, \"gb_per_s\": %.2f",
+                written / 1e6, passes / 1e6, (written + passes) / sec / 1e9);
+  std::string shares = bytes;
+  if (profile_steps) shares += ", \"op_shares\": " + prof.json();
   std::printf("{\"bench\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.1f, \"tokens_per_s\": %.0f, "
               "\"gflops\": %.1f, \"page_faults_per_step\": %.0f, \"steps\": %d, \"threads\": %d, %s%s%s}\n",
               name, etude::precision::name_of<Precision>().c_str(), sec * 1e3,

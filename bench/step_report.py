@@ -252,6 +252,17 @@ def main():
             rec["rows"].append((f"{config} ({desc}), {len(rounds)} round(s)", who, spread(ms, "{:.0f}"),
                                 spread(tok, "{:.0f}"), f"{statistics.median(gf):.1f}", ", ".join(fractions),
                                 mark(rs, limit)))
+            moved = [r for r in rs if isinstance(r.get("mb_per_step"), dict)]
+            if moved:
+                # step_bench's count: the tensors the model's ops wrote (observed) and the parameter
+                # passes (gradients cleared and normed, the optimiser's reads and writes)
+                ops = statistics.median(r["mb_per_step"]["written_by_ops"] for r in moved)
+                passes = statistics.median(r["mb_per_step"]["parameter_passes"] for r in moved)
+                rate = statistics.median(r["gb_per_s"] for r in moved)
+                line = (f"{config}, {who}: {ops + passes:.0f} MB a step ({ops:.0f} written by the model's ops, "
+                        f"{passes:.0f} in the passes over the parameters), {rate:.1f} GB/s over the step")
+                print(f"  {line}")
+                rec["notes"].append(line)
         for line in args.skipped:
             print(f"  {line}")
 
@@ -299,7 +310,7 @@ def main():
     print(verdict)
     if args.record:
         rec["verdict"] = verdict
-        rec["notes"] = args.skipped + [f"FAILED: {line}" for line in args.failed]
+        rec["notes"] = rec["notes"] + args.skipped + [f"FAILED: {line}" for line in args.failed]
         record(args.record, args, rec)
     return 0
 

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -126,6 +127,30 @@ TEST_CASE(TEST_BACKEND_NAME ": dropout keeps the counter-based mask's elements, 
 }
 
 #ifdef TEST_BACKEND_CPU
+
+// A run of stream_bytes or more is zeroed by streaming stores (elementwise.hpp): every element of
+// runs that start off a 64-byte line and end inside one, and nothing on either side.
+TEST_CASE("a long run is zeroed by streaming stores, every element and nothing past it", "[ops][elementwise]") {
+  constexpr index_t stream_bytes = etude::backend::cpu_tuning<etude::backend::cpu_op::loops>::stream_bytes;
+  {
+    const index_t n = stream_bytes / 4 + 7;
+    std::vector<float> x(static_cast<std::size_t>(n + 16), 1.5f);
+    cpu::fill_zero(x.data() + 3, n);  // 12 bytes past wherever the vector starts
+    CHECK(x[0] == 1.5f);
+    CHECK(x[2] == 1.5f);
+    CHECK(std::all_of(x.begin() + 3, x.begin() + 3 + n, [](float v) { return std::bit_cast<std::uint32_t>(v) == 0u; }));
+    CHECK(x[static_cast<std::size_t>(n + 3)] == 1.5f);
+    CHECK(x.back() == 1.5f);
+  }
+  {
+    const index_t n = stream_bytes / 2 + 33;
+    std::vector<etude::bf16> x(static_cast<std::size_t>(n + 4), etude::bf16(2.0f));
+    cpu::fill_zero(x.data() + 1, n);
+    CHECK(x[0].bits == etude::bf16(2.0f).bits);
+    CHECK(std::all_of(x.begin() + 1, x.begin() + 1 + n, [](etude::bf16 v) { return v.bits == 0; }));
+    CHECK(x[static_cast<std::size_t>(n + 1)].bits == etude::bf16(2.0f).bits);
+  }
+}
 
 TEST_CASE("GELU backward matches central differences", "[ops]") {
   auto x = random_vector(40, 8, 4.0);

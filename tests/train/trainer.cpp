@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -317,6 +318,34 @@ TEST_CASE("bad input is refused with a clear error and no state changed", "[step
     for (int e = 0; e < 2; ++e) all_padding.mask_at(e, 1, t) = 0;
   expect(all_padding, "codebook 1 has no valid target token");
   CHECK_THROWS_AS(tr.evaluate(wrong_k), etude::invalid_input);
+}
+
+// A step leaves out its first clear of the gradients where the last pass cleared them at its end:
+// after a step that updated (and kept nothing), not after loss_and_gradients, a step that stopped
+// with the gradients kept for its report, or a restore.
+TEST_CASE("a step starts from clear gradients after whatever came before it", "[step]") {
+  etude::hyper h;
+  h.lr = 3e-3;
+  h.warmup_steps = 0;
+  using config = etude::train_config<lm, etude::accumulate<2>>;
+  etude::cpu_trainer<config> plain{h}, probed{h}, failed{h};
+  for (auto* t : {&plain, &probed, &failed}) t->step(random_batch(4, 8, 50));
+  // loss_and_gradients leaves its gradients for the caller to read: the next step must not add to them
+  const auto seen = probed.loss_and_gradients(random_batch(4, 8, 51));
+  CHECK(seen.grad_norm > 0.0);
+  CHECK(std::any_of(probed.gradients().begin(), probed.gradients().end(), [](float g) { return g != 0.0f; }));
+  // a non-finite gradient stops the step with its gradients kept for the report (then cleared by
+  // the trainer); the weight is put back before the next step
+  auto w = failed.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1));
+  const float was = w[5];
+  w[5] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(failed.step(random_batch(4, 8, 52)), etude::non_finite);
+  failed.tensor_for_write(lm::params::at(etude::param_kind::ffn_up, 1))[5] = was;
+  for (std::uint64_t s = 53; s < 56; ++s)
+    for (auto* t : {&plain, &probed, &failed}) t->step(random_batch(4, 8, s));
+  CHECK(snapshot(probed) == snapshot(plain));
+  CHECK(snapshot(failed) == snapshot(plain));
+  CHECK(std::all_of(plain.gradients().begin(), plain.gradients().end(), [](float g) { return g == 0.0f; }));
 }
 
 TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[step][errors]") {

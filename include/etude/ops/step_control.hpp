@@ -80,6 +80,7 @@ struct step_scalars {
   F zero_weight;                    // 0: forward-only losses (evaluation)
   ops::ema_scalars ema;             // the EMA's weight for this step's update (0: none this step)
   ops::dropout_scalars dropout;     // the low-rank adapters' input dropout (ops/dropout.hpp)
+  int gradients_clear = 0;          // 1: the last step left the gradients zero; this one's first clear is skipped
 };
 
 // What a step leaves for the host to read after it.

@@ -353,6 +353,7 @@ class trainer {
   bool view_written_ = false;                       // parameters_for_write() handed view_ out
   detail::mirrored<executor, param_type> working_;  // the rounded working copy (mixed policies only)
   detail::mirrored<executor, grad_type> grads_;
+  bool gradients_clear_ = false;  // the last pass finished with an update that cleared grads_ (not kept)
   detail::mirrored<executor, grad_type> micro_grads_;  // accumulate<N>, N > 1: microbatch m > 0's own
   detail::mirrored<executor, float> ema_;               // hyper.ema_decay > 0: the EMA of the weights
   double ema_count_ = 0.0;                              // AudioCraft's unbiased count
@@ -614,7 +615,9 @@ step_stats trainer<Config, Backend>::training_pass(const batch_view& batch, bool
   const double lr = learning_rate<typename Config::schedule>(hyper_, step_);
   prepare_state();
   write_scalars(counts, lr);
+  gradients_clear_ = false;  // until this pass has finished and cleared them
   launch(slot, batch.batch / microbatches, plan.steps, update, observer);
+  gradients_clear_ = update && control_.host_results().decision.keep == 0;
   step_stats st = loss_stats(counts, batch);
   st.scale = scaler_.scale;
   st.grad_norm = std::sqrt(control_.host_results().decision.sum_squares) / scaler_.scale;

@@ -31,6 +31,7 @@ void trainer<Config, Backend>::write_scalars(const step_token_counts& tc, double
   c.ema.weight = has_ema() && (step_ + 1) % hyper_.ema_every == 0 ? 1.0 / next_ema_count() : 0.0;
   // the adapters' dropout masks, drawn as condition dropout's coins are (a resumed run draws the same)
   c.dropout = ops::dropout_key(hyper_.lora_dropout, hyper_.seed, dropout_draw());
+  c.gradients_clear = gradients_clear_ ? 1 : 0;
 }
 
 // Every rank's valid-target counts: totals summed over ranks (the loss_norm::tokens normaliser);

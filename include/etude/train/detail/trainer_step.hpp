@@ -33,7 +33,8 @@ void trainer<Config, Backend>::enqueue(int slot, index_t nb, index_t steps, bool
   auto step_op = [&](const char* op) { obs({op, -1, -1, pass_phase::step, {}, 0}); };
   const partition owners{PT, dp_.size()};  // who sums which gradients (and, under zero1, updates them)
   const auto bucket = std::max<index_t>(1, static_cast<index_t>(dp_.bucket_bytes / sizeof(grad_type)));
-  Backend::fill_zero(grads, PG);
+  // the last step's end cleared them, unless it kept them, stopped early or did not update
+  Backend::clear_unless(grads, PG, &c->gradients_clear);
   step_op("clear_gradients");
   microbatch_workspace w = carve(nb, steps);
   for (int m = 0; m < microbatches; ++m) {
