@@ -321,8 +321,8 @@ TEST_CASE("bad input is refused with a clear error and no state changed", "[step
 }
 
 // A step leaves out its first clear of the gradients where the last pass cleared them at its end:
-// after a step that updated (and kept nothing), not after loss_and_gradients, a step that stopped
-// with the gradients kept for its report, or a restore.
+// after a step that updated (and kept nothing), not after loss_and_gradients or a step that stopped
+// with the gradients kept for its report.
 TEST_CASE("a step starts from clear gradients after whatever came before it", "[step]") {
   etude::hyper h;
   h.lr = 3e-3;

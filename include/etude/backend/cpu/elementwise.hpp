@@ -2,6 +2,7 @@
 // 16-bit activations by table: kernels/avx512_gelu_lookup.hpp), and dropout (ops/dropout.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,7 +50,7 @@ struct cpu_elementwise {
   // Zeros by streaming stores (movntdq), each thread its own lines then a store fence: no line is
   // read before it is written, half the memory traffic of cached stores where no cache holds the run.
   static void stream_zero(unsigned char* dst, std::size_t bytes) {
-    const std::size_t head = (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64;
+    const std::size_t head = std::min<std::size_t>(bytes, (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64);
     std::memset(dst, 0, head);
     unsigned char* lines = dst + head;
     const auto count = static_cast<index_t>((bytes - head) / 64);
