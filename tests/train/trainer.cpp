@@ -12,6 +12,7 @@
 #include <mutex>
 #include <numbers>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <etude/etude.hpp>
@@ -62,6 +63,17 @@ struct range_counting_cpu : etude::backend::cpu {
                           const etude::optim::update_range* last = nullptr) {
     ++(last != nullptr && last->known ? from_range : without_range);
     etude::backend::cpu::adamw_check(p, grad, m, v, n, sc, d, working, last);
+  }
+};
+
+// The CPU op set counting the step's clears of the gradients that zero them and those their flag
+// leaves out (clear_unless: the step's start and end; microbatches' own buffers are filled apart).
+struct clear_counting_cpu : etude::backend::cpu {
+  static inline int cleared = 0, left = 0;
+  template <class T>
+  static void clear_unless(T* x, index_t n, const int* keep) {
+    ++(*keep == 0 ? cleared : left);
+    etude::backend::cpu::clear_unless(x, n, keep);
   }
 };
 
@@ -346,6 +358,21 @@ TEST_CASE("a step starts from clear gradients after whatever came before it", "[
   CHECK(snapshot(probed) == snapshot(plain));
   CHECK(snapshot(failed) == snapshot(plain));
   CHECK(std::all_of(plain.gradients().begin(), plain.gradients().end(), [](float g) { return g == 0.0f; }));
+  // and the clear is really left out: (clears that zeroed, clears left out) over each pass
+  using counted = clear_counting_cpu;
+  etude::trainer<config, counted> tr{h};
+  using counts = std::pair<int, int>;
+  auto pass = [&](bool update, std::uint64_t seed) {
+    counted::cleared = counted::left = 0;
+    if (update) tr.step(random_batch(4, 8, seed));
+    else tr.loss_and_gradients(random_batch(4, 8, seed));
+    return counts{counted::cleared, counted::left};
+  };
+  CHECK(pass(true, 60) == counts{2, 0});   // the first step clears at its start and its end
+  CHECK(pass(true, 61) == counts{1, 1});   // then only at its end
+  CHECK(pass(false, 62) == counts{0, 1});  // loss_and_gradients leaves its gradients
+  CHECK(pass(true, 63) == counts{2, 0});   // so the next step clears them first
+  CHECK(pass(true, 64) == counts{1, 1});
 }
 
 TEST_CASE("a non-finite loss or gradient stops the step and changes nothing", "[step][errors]") {

@@ -72,7 +72,6 @@ inline a_words pair_rows_of_a(word* dst, index_t ld, bool trans_a, const bf16* a
   return {dst, 1, ld};
 }
 
-
 // A buffer of the calling thread's own, at least `words` long (grown, never shrunk), on a 64-byte
 // line (etude::buffer): AMX tiles load a row misaligned at a third of their speed (tdpbf16ps on
 // 2 × 2 tiles of operands a line apart against 16 bytes apart: 2.9 against 1.0 TFLOP/s on one core
